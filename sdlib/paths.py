@@ -1,0 +1,38 @@
+"""Repository paths that never depend on the working directory.
+
+Usage:
+    from sdlib.paths import REPO_ROOT, DATA_DIR, FIGURES_DIR
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: The repository root (the folder that holds ``sdlib/``).
+REPO_ROOT: Path = Path(__file__).resolve().parent.parent
+#: Committed tables and reference data.
+DATA_DIR: Path = REPO_ROOT / "data"
+#: Figures written by the notebooks (PNG + SVG).
+FIGURES_DIR: Path = REPO_ROOT / "figures"
+#: Sweep configs (YAML) and papermill parameter files.
+CONFIGS_DIR: Path = REPO_ROOT / "configs"
+#: Generated, uncommitted artefacts (embedded models, executed notebooks).
+CACHE_DIR: Path = Path(os.environ.get("SDLIB_CACHE_DIR", REPO_ROOT / ".cache"))
+#: Where the embedded tiny models are built (``python -m sdlib models``).
+MODELS_DIR: Path = CACHE_DIR / "models"
+#: Default results directory for sweeps: one folder per sweep.
+SWEEPS_DIR: Path = DATA_DIR / "sweeps"
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """Resolve ``path`` against the repo root when it is relative.
+
+    ``@models/target`` expands to the embedded models folder, so configs never
+    carry absolute paths.
+    """
+    s = str(path)
+    if s.startswith("@models/"):
+        return MODELS_DIR / s[len("@models/"):]
+    p = Path(s).expanduser()
+    return p if p.is_absolute() else (REPO_ROOT / p)

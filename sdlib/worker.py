@@ -1,0 +1,127 @@
+"""The engine process: one vLLM engine for one (model, method), every cell of that group.
+
+Started by :mod:`sdlib.sweep` as ``python -m sdlib.worker <spec.json>`` so that
+memory is released and a crash is contained. Each finished cell is written at
+once (atomically); a failing cell is recorded and the next one runs; if the
+engine itself dies, the remaining cells are recorded as failed.
+
+Spec JSON: ``{"sweep": <SweepConfig dict>, "run_ids": [...], "env_out": <path>}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from sdlib.config import parse_sweep
+from sdlib.storage import SweepStore, utc_now, write_json_atomic
+
+log = logging.getLogger("sdlib.worker")
+
+
+def _environment(llm) -> dict[str, Any]:
+    from sdlib import vllm_compat as vc
+
+    import torch
+
+    return {
+        "vllm_version": vc.vllm_version(),
+        "torch_version": torch.__version__,
+        "device": vc.device_name(),
+        "detailed_metrics": vc.has_detailed_metrics(),
+        "kv_cache_capacity_tokens": vc.kv_cache_capacity_tokens(llm),
+        "python": sys.version.split()[0],
+    }
+
+
+def run_group(spec: dict[str, Any]) -> int:
+    """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
+    from sdlib import vllm_compat as vc
+    from sdlib.driver import drive
+    from sdlib.tables import build_tables
+    from sdlib.workloads import load_prompts
+
+    sweep = parse_sweep(spec["sweep"])
+    wanted = set(spec["run_ids"])
+    cells = [c for c in sweep.cells() if c.run_id in wanted]
+    if not cells:
+        return 0
+    store = SweepStore(sweep.out_dir)
+    model, method = cells[0].model, cells[0].method
+    max_batch = max(c.batch_size for c in cells)
+    detailed = method.k > 0 and vc.has_detailed_metrics()
+    t = time.perf_counter()
+    llm = vc.make_llm(model, method, sweep.engine, max_batch=max_batch, seed=sweep.seed, detailed=detailed)
+    engine_start_s = time.perf_counter() - t
+    env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name, "method": method.label}
+    if spec.get("env_out"):
+        write_json_atomic(env, spec["env_out"])
+    tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
+    engine = llm.llm_engine
+    prompts_cache: dict[str, list] = {}
+    dead = None
+    bar = tqdm(cells, desc=f"{model.name} / {method.label}", unit="cell", file=sys.stderr)
+    for cell in bar:
+        if dead is not None:
+            store.write_failure(cell.run_id, _fail_info(cell, f"engine died earlier in this process: {dead}"))
+            continue
+        bar.set_postfix_str(f"{cell.workload.dataset} bs={cell.batch_size} r={cell.repeat}")
+        try:
+            wl = cell.workload
+            if wl.label not in prompts_cache:
+                prompts_cache[wl.label] = load_prompts(wl, tokenizer)
+            prompts = prompts_cache[wl.label]
+            if not prompts:
+                raise RuntimeError(f"workload {wl.label}: no prompts")
+
+            def params(p, wl=wl):
+                mt = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
+                return vc.delta_sampling_params(mt, wl.temperature, wl.seed, wl.ignore_eos)
+
+            if cell.warmup_requests:
+                warm = prompts[: cell.warmup_requests]
+                drive(engine, warm, min(cell.batch_size, len(warm)), params, id_prefix=f"warm-{cell.run_id}-")
+            started_at = utc_now()
+            before = vc.read_spec_counters(llm)
+            n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
+            with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
+                result = drive(engine, prompts, cell.batch_size, params, mode=cell.batch_mode,
+                               spec_metrics=vc.request_spec_metrics, progress=pbar)
+            counters = vc.diff_counters(vc.read_spec_counters(llm), before)
+            tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
+                                  detailed_requested=detailed)
+            store.write_cell(cell.run_id, tables)
+        except Exception as err:  # noqa: BLE001 - record and go on
+            store.write_failure(cell.run_id, _fail_info(cell, f"{type(err).__name__}: {err}",
+                                                         traceback.format_exc()))
+            tqdm.write(f"FAILED {cell.run_id}: {type(err).__name__}: {err}", file=sys.stderr)
+            if type(err).__name__ in ("EngineDeadError", "EngineGenerateError"):
+                dead = f"{type(err).__name__}: {err}"
+    return 0 if dead is None else 3
+
+
+def _fail_info(cell, error: str, tb: str = "") -> dict[str, Any]:
+    return {"model": cell.model.name, "method_label": cell.method.label, "dataset": cell.workload.dataset,
+            "batch_size": cell.batch_size, "repeat": cell.repeat, "error": error, "traceback": tb}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m sdlib.worker <spec.json>", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("SDLIB_LOG_LEVEL", "WARNING"))
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    return run_group(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+import pytest
+
+from sdlib.config import ConfigError, load_sweep, parse_sweep
+from sdlib.paths import CONFIGS_DIR
+
+BASE = {
+    "name": "t",
+    "models": [{"path": "@models/target", "name": "tgt"}],
+    "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3},
+                {"name": "draft_model", "model": "@models/draft"}],
+    "workloads": [{"dataset": "sharegpt", "num_requests": 4}],
+    "batch_sizes": [4, 1, 4],
+}
+
+
+def test_valid_config_product_and_order():
+    s = parse_sweep(BASE)
+    assert s.batch_sizes == [1, 4]  # sorted, deduplicated
+    cells = s.cells()
+    assert len(cells) == 1 * 3 * 1 * 2 * 1
+    assert cells[0].method.name == "none"  # baseline first
+    assert len({c.run_id for c in cells}) == len(cells)
+    assert cells[0].run_id.startswith("tgt__none__sharegpt__bs1__r0__")
+
+
+def test_run_id_stable_and_config_sensitive():
+    a = parse_sweep(BASE).cells()[2].run_id
+    assert a == parse_sweep(BASE).cells()[2].run_id
+    changed = dict(BASE, workloads=[{"dataset": "sharegpt", "num_requests": 5}])
+    assert a != parse_sweep(changed).cells()[2].run_id
+
+
+def test_method_labels_and_spec_config():
+    s = parse_sweep(BASE)
+    labels = [m.label for m in s.methods]
+    assert labels == ["none", "ngram-k3", "draft_model-k3"]
+    assert s.methods[0].speculative_config() is None
+    ng = s.methods[1].speculative_config()
+    assert ng["method"] == "ngram" and ng["num_speculative_tokens"] == 3
+    assert ng["prompt_lookup_min"] == 3 and ng["prompt_lookup_max"] == 7
+    assert s.methods[2].k == 3 and s.methods[0].k == 0
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"methods": [{"name": "eagel"}]}, "methods.0.name"),
+    ({"workloads": [{"dataset": "mmlu"}]}, "workloads.0.dataset"),
+    ({"batch_sizes": [0]}, "batch_sizes"),
+    ({"batch_mode": "open"}, "batch_mode"),
+    ({"models": [{"path": "x", "dtype": "fp8"}]}, "models.0.dtype"),
+    ({"methods": [{"name": "eagle"}]}, "methods.0"),
+    ({"workloads": [{"dataset": "gsm8k", "num_requests": 0}]}, "workloads.0.num_requests"),
+    ({"surprise": 1}, "surprise"),
+])
+def test_bad_values_fail_in_one_line_naming_the_field(patch, field):
+    with pytest.raises(ConfigError) as e:
+        parse_sweep({**BASE, **patch})
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert field in msg
+
+
+def test_bad_method_lists_allowed_values():
+    with pytest.raises(ConfigError) as e:
+        parse_sweep({**BASE, "methods": [{"name": "eagel"}]})
+    for m in ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp"):
+        assert m in str(e.value)
+
+
+def test_duplicate_method_labels_rejected():
+    with pytest.raises(ConfigError, match="duplicate"):
+        parse_sweep({**BASE, "methods": [{"name": "ngram"}, {"name": "ngram"}]})
+
+
+def test_options_pass_through_but_reserved_keys_rejected():
+    s = parse_sweep({**BASE, "methods": [{"name": "ngram", "options": {"prompt_lookup_max": 4}}]})
+    assert s.methods[0].speculative_config()["prompt_lookup_max"] == 4
+    with pytest.raises(ConfigError, match="options"):
+        parse_sweep({**BASE, "methods": [{"name": "ngram", "options": {"method": "eagle"}}]})
+
+
+def test_shipped_configs_validate():
+    for p in sorted(CONFIGS_DIR.glob("*.yaml")):
+        load_sweep(p)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_sweep("configs/does_not_exist.yaml")
