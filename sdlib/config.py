@@ -120,11 +120,17 @@ class WorkloadConfig:
     max_output_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0)
     seed: int = 42
-    source: Literal["auto", "local", "package", "hub"] = "auto"
+    source: Literal["auto", "local", "package", "hub", "reference"] = "auto"  # reference: the authors' traces' token ids
     path: Optional[str] = None  # local JSONL (source "local", tried first by "auto")
     max_prompt_tokens: Optional[int] = Field(None, ge=1)  # drop longer prompts
     chat_template: Optional[bool] = None  # default: on, except AIME (the paper's setting)
     ignore_eos: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "WorkloadConfig":
+        if self.source == "reference" and self.dataset not in ("cnn_dailymail", "gsm8k", "instructcoder", "sharegpt"):
+            raise ValueError("source 'reference' has only cnn_dailymail, gsm8k, instructcoder, sharegpt")
+        return self
 
     @property
     def label(self) -> str:

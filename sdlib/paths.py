@@ -28,11 +28,14 @@ SWEEPS_DIR: Path = DATA_DIR / "sweeps"
 def resolve(path: str | os.PathLike[str]) -> Path:
     """Resolve ``path`` against the repo root when it is relative.
 
-    ``@models/target`` expands to the embedded models folder, so configs never
-    carry absolute paths.
+    ``@models/target`` expands to the embedded models folder and ``@shapes/<name>``
+    to the config-only paper-scale shapes (sdlib.shapes), so configs never carry
+    absolute paths.
     """
     s = str(path)
     if s.startswith("@models/"):
         return MODELS_DIR / s[len("@models/"):]
+    if s.startswith("@shapes/"):
+        return CACHE_DIR / "shapes" / s[len("@shapes/"):]
     p = Path(s).expanduser()
     return p if p.is_absolute() else (REPO_ROOT / p)

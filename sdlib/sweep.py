@@ -22,7 +22,12 @@ from sdlib.storage import SweepStore, git_commit, utc_now
 
 
 def check_paths(sweep: SweepConfig) -> None:
-    """Fail early, in one line, when a local model path is missing."""
+    """Fail early, in one line, when a local model path is missing (writes @shapes/ folders)."""
+    from sdlib.shapes import write_shape
+
+    for p in [m.path for m in sweep.models] + [me.model for me in sweep.methods if me.model]:
+        if p.startswith("@shapes/"):
+            write_shape(p[len("@shapes/"):])
     for i, m in enumerate(sweep.models):
         if m.path.startswith(("@", ".", "/")) and not resolve(m.path).exists():
             hint = " (build the embedded models: python -m sdlib models)" if m.path.startswith("@models/") else ""

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -62,7 +63,7 @@ def run_group(spec: dict[str, Any]) -> int:
     engine_start_s = time.perf_counter() - t
     env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name, "method": method.label}
     if spec.get("env_out"):
-        write_json_atomic(env, spec["env_out"])
+        write_json_atomic(env, Path(spec["env_out"]))
     tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
     engine = llm.llm_engine
     prompts_cache: dict[str, list] = {}

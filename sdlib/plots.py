@@ -1,0 +1,116 @@
+"""Figures of the throughput sweep (notebook 01) and the title helper every notebook uses.
+
+Usage:
+    from sdlib.plots import sweep_title, plot_speedup
+    fig = plot_speedup(speedup_table(runs), title=sweep_title(store))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from sdlib.figures import new_figure
+
+
+def model_note(card: dict[str, Any]) -> str:
+    """A short phrase for a model card: what the weights are."""
+    if card.get("random_weights"):
+        return "random weights"
+    if card.get("trained"):
+        return "trained tiny model"
+    return ""
+
+
+def sweep_title(store, what: str = "") -> str:
+    """``<what> — <sweep>: <models> (random weights …), <device>, vLLM <version>``, from provenance."""
+    prov = store.read_provenance()
+    invs = prov.get("invocations", [])
+    cards: dict[str, Any] = {}
+    engines: list[dict] = []
+    for inv in invs:
+        cards.update(inv.get("models", {}))
+        engines += inv.get("engines", [])
+    models = [m.get("name") for m in prov.get("config", {}).get("models", [])]
+    notes = sorted({model_note(c) for c in cards.values()} - {""})
+    device = next((e.get("device") for e in reversed(engines) if e.get("device")), "")
+    ver = next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), "")
+    synthetic = any("synthetic" in str(m.get("options", {})) for m in prov.get("config", {}).get("methods", []))
+    parts = [f"{prov.get('sweep', store.dir.name)}: {', '.join(m for m in models if m)}"]
+    if notes or synthetic:
+        parts.append("(" + ", ".join(notes + (["synthetic acceptance"] if synthetic else [])) + ")")
+    tail = ", ".join(x for x in [device.replace("CPU: ", "CPU ") if device else "", f"vLLM {ver}" if ver else ""] if x)
+    title = " ".join(parts) + (f"\n{tail}" if tail else "")
+    return f"{what}\n{title}" if what else title
+
+
+def _facets(df: pd.DataFrame, col: str) -> list:
+    return sorted(df[col].dropna().unique().tolist())
+
+
+def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame] = None):
+    """Speedup over no-SD vs batch size, one panel per dataset, one line per method (paper Fig. 1 form).
+
+    ``reference``: optional rows (dataset, method_label, batch_size, speedup, source) drawn dashed
+    and labelled as cited, never as ours.
+    """
+    d = sp[sp["method"] != "none"]
+    datasets = _facets(d, "dataset")
+    fig, axes = new_figure(1, max(len(datasets), 1), width=4.8, height=3.8, sharey=True)
+    methods = _facets(d, "method_label")
+    colors = dict(zip(methods, ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7"]))
+    for ax, ds in zip(axes[0], datasets or [None]):
+        sub = d[d["dataset"] == ds]
+        for m in methods:
+            s = sub[sub["method_label"] == m].sort_values("batch_size")
+            if len(s):
+                ax.plot(s["batch_size"], s["speedup"], "o-", color=colors[m], label=m)
+        if reference is not None and len(reference):
+            r = reference[reference["dataset"] == ds]
+            for (m, src), s in r.groupby(["method_label", "source"]):
+                ax.plot(s["batch_size"], s["speedup"], "s--", alpha=0.6, label=f"{m} ({src})")
+        ax.axhline(1.0, color="grey", lw=1, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_title(str(ds))
+    axes[0][0].set_ylabel("speedup over no SD (×)")
+    axes[0][-1].legend(fontsize=8, loc="best")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_throughput(tp: pd.DataFrame, title: str):
+    """Output tokens/s vs batch size, one panel per dataset, one line per method (no SD included)."""
+    datasets = _facets(tp, "dataset")
+    fig, axes = new_figure(1, max(len(datasets), 1), width=4.8, height=3.8, sharey=True)
+    for ax, ds in zip(axes[0], datasets or [None]):
+        sub = tp[tp["dataset"] == ds]
+        for m, s in sub.groupby("method_label"):
+            s = s.sort_values("batch_size")
+            ax.errorbar(s["batch_size"], s["tok_per_s"], yerr=s["tok_per_s_std"].fillna(0), fmt="o-", label=m,
+                        capsize=2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_title(str(ds))
+    axes[0][0].set_ylabel("output tokens/s")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_acceptance_table(acc: pd.DataFrame, title: str, value: str = "mean_acceptance_length"):
+    """Heatmap of mean acceptance length, method x workload (the paper's cheat-sheet form)."""
+    import seaborn as sns
+
+    piv = acc.pivot_table(index="method_label", columns="dataset", values=value, aggfunc="mean")
+    fig, axes = new_figure(1, 1, width=1.6 + 1.4 * max(piv.shape[1], 1), height=1.2 + 0.5 * max(piv.shape[0], 1))
+    ax = axes[0][0]
+    if piv.size and np.isfinite(piv.to_numpy(dtype=float)).any():
+        sns.heatmap(piv, annot=True, fmt=".2f", cmap="viridis", ax=ax, cbar_kws={"label": value})
+    ax.set_xlabel("workload")
+    ax.set_ylabel("method")
+    ax.set_title(title, fontsize=9)
+    return fig
