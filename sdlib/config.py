@@ -160,6 +160,7 @@ class Cell:
     repeat: int
     batch_mode: str
     warmup_requests: int
+    num_requests: int  # requests measured in this cell (closed loop may scale it with batch size)
 
     def key(self) -> dict[str, Any]:
         """Everything that defines the cell's result (hashed into run_id)."""
@@ -171,6 +172,7 @@ class Cell:
             "repeat": self.repeat,
             "batch_mode": self.batch_mode,
             "warmup_requests": self.warmup_requests,
+            "num_requests": self.num_requests,
         }
 
     @property
@@ -200,6 +202,9 @@ class SweepConfig:
     repeats: int = Field(1, ge=1)
     batch_mode: Literal["closed_loop", "paper"] = "closed_loop"
     warmup_requests: int = Field(2, ge=0)  # requests run (and dropped) before each cell's window
+    # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
+    # batches get a steady window; prompts are reused (cycled) when the workload has fewer
+    requests_per_slot: Optional[int] = Field(None, ge=1)
     results_dir: Optional[str] = None  # default: data/sweeps
     engine: EngineConfig = Field(default_factory=EngineConfig)
     seed: int = 0
@@ -254,10 +259,13 @@ class SweepConfig:
                     continue
                 for wl in self.workloads:
                     for bs in self.batch_sizes:
+                        n = wl.num_requests
+                        if self.requests_per_slot and self.batch_mode == "closed_loop":
+                            n = max(n, self.requests_per_slot * bs)
                         for rep in range(self.repeats):
                             out.append(Cell(model=model, method=method, workload=wl, batch_size=bs,
                                             repeat=rep, batch_mode=self.batch_mode,
-                                            warmup_requests=self.warmup_requests))
+                                            warmup_requests=self.warmup_requests, num_requests=n))
         return out
 
     def to_dict(self) -> dict[str, Any]:

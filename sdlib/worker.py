@@ -10,6 +10,7 @@ Spec JSON: ``{"sweep": <SweepConfig dict>, "run_ids": [...], "env_out": <path>}`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -77,10 +78,14 @@ def run_group(spec: dict[str, Any]) -> int:
         try:
             wl = cell.workload
             if wl.label not in prompts_cache:
-                prompts_cache[wl.label] = load_prompts(wl, tokenizer)
-            prompts = prompts_cache[wl.label]
-            if not prompts:
+                need = max(c.num_requests for c in cells if c.workload.label == wl.label)
+                prompts_cache[wl.label] = load_prompts(dataclasses.replace(wl, num_requests=need), tokenizer)
+            pool = prompts_cache[wl.label]
+            if not pool:
                 raise RuntimeError(f"workload {wl.label}: no prompts")
+            # closed loop with requests_per_slot: reuse prompts in order when more requests are needed
+            n_req = cell.num_requests if cell.batch_mode == "closed_loop" else len(pool)
+            prompts = [pool[i % len(pool)] for i in range(max(n_req, 1))]
 
             def params(p, wl=wl):
                 mt = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
