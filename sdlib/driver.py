@@ -37,6 +37,8 @@ class RequestRecord:
     finish_s: Optional[float] = None
     finish_reason: Optional[str] = None
     gains: list[int] = field(default_factory=list)  # tokens added per engine step that added any
+    gain_steps: list[int] = field(default_factory=list)  # the engine step of each entry of gains
+    prompt_token_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     detailed: Optional[tuple[list[int], list[int]]] = None  # (drafted, accepted) from vLLM, if any
 
@@ -83,7 +85,8 @@ class _Run:
 
     def admit(self, rid: str, prompt, prompt_index: int, batch_index: int) -> None:
         ids = prompt.prompt_token_ids
-        rec = RequestRecord(rid, prompt_index, batch_index, len(ids), self.now())
+        rec = RequestRecord(rid, prompt_index, batch_index, len(ids), self.now(),
+                            prompt_token_ids=[int(t) for t in ids])
         self.records[rid] = rec
         self.live[rid] = rec
         self.engine.add_request(rid, {"prompt_token_ids": list(map(int, ids))}, self.make_params(prompt))
@@ -105,6 +108,7 @@ class _Run:
                 running += 1
                 new += n
                 rec.gains.append(n)
+                rec.gain_steps.append(len(self.steps))
                 rec.token_ids.extend(int(t) for t in c.token_ids)
                 if rec.first_token_s is None:
                     rec.first_token_s = end

@@ -56,12 +56,14 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("num_steps", "Int64", "verify steps (decode steps after the prefill)"),
         ("num_drafted", "Int64", "tokens drafted over the request (null if unknown)"),
         ("num_accepted", "Int64", "tokens accepted over the request"),
+        ("prompt_token_ids", "string", "the prompt as sent, JSON list of token ids"),
         ("output_token_ids", "string", "the output, JSON list of token ids"),
     ],
     "steps": [
         ("run_id", "string", "cell id"),
         ("request_id", "string", "request id"),
         ("step", "Int64", "verify step index within the request, 0-based (prefill not counted)"),
+        ("engine_step", "Int64", "engine step of the cell in which this verify step ran (engine_steps.engine_step)"),
         ("position", "Int64", "output tokens the request had when the step started"),
         ("drafted", "Int64", "tokens drafted for this step (null if the source cannot tell)"),
         ("accepted", "Int64", "draft tokens accepted in this step"),
@@ -74,6 +76,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("num_running", "Int64", "requests that produced output in this step"),
         ("num_new_tokens", "Int64", "output tokens produced in this step, all requests"),
         ("num_context_tokens", "Int64", "prompt + output tokens held by the running requests at step start"),
+        ("num_scheduled_tokens", "Int64", "tokens the target processed: prompts prefilled + (1 + drafted) per verify (null if drafted unknown)"),
         ("in_window", "boolean", "step lies inside the steady window"),
     ],
 }

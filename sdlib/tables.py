@@ -28,6 +28,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     k = cell.method.k
     always = cell.method.name not in ("ngram",)
     req_rows, step_rows = [], []
+    sched: dict[int, Any] = {}  # engine step -> tokens the target processed
     sources = set()
     for r in result.requests:
         detailed = r.detailed if detailed_requested else None
@@ -39,8 +40,20 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
             log.warning("%s %s: detailed metrics do not align (%s); using tokens gained", run_id, r.request_id, err)
             rows = steps_from_gains(r.gains, None, k=k, drafter_always_proposes=always)
             sources.add("delta")
+        # prefill: the whole prompt is processed in the step that produced the first token
+        if r.gain_steps:
+            sched[r.gain_steps[0]] = sched.get(r.gain_steps[0], 0) + r.prompt_tokens
         for row in rows:
-            step_rows.append({"run_id": run_id, "request_id": r.request_id, **row})
+            es = r.gain_steps[row["step"] + 1] if row["step"] + 1 < len(r.gain_steps) else None
+            step_rows.append({"run_id": run_id, "request_id": r.request_id, "engine_step": es, **row})
+            if es is not None:
+                if row["drafted"] is None or sched.get(es, 0) is None:
+                    sched[es] = None
+                else:
+                    sched[es] = sched.get(es, 0) + 1 + row["drafted"]
+        if not k:  # no SD: every decode step processes one token per request
+            for es in r.gain_steps[1:]:
+                sched[es] = sched.get(es, 0) + 1
         drafted = [row["drafted"] for row in rows]
         req_rows.append({
             "run_id": run_id,
@@ -58,9 +71,11 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
             "num_steps": len(rows),
             "num_drafted": None if any(d is None for d in drafted) else sum(drafted),
             "num_accepted": sum(row["accepted"] for row in rows),
+            "prompt_token_ids": json.dumps(r.prompt_token_ids),
             "output_token_ids": json.dumps(r.token_ids),
         })
-    eng_rows = [{"run_id": run_id, **vars(s)} for s in result.steps]
+    eng_rows = [{"run_id": run_id, **vars(s), "num_scheduled_tokens": sched.get(s.engine_step, 0)}
+                for s in result.steps]
     out_tokens = sum(len(r.token_ids) for r in result.requests)
     runs = pd.DataFrame([{
         "run_id": run_id,
@@ -89,7 +104,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "status": "ok",
         "started_at": started_at,
     }])
-    steps = pd.DataFrame(step_rows, columns=["run_id", "request_id", "step", "position", "drafted", "accepted"])
+    steps = pd.DataFrame(step_rows, columns=columns("steps"))
     return {
         "runs": conform("runs", runs),
         "requests": conform("requests", pd.DataFrame(req_rows, columns=_cols("requests"))),

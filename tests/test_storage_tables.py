@@ -43,6 +43,10 @@ def test_build_tables_sd(fake_engine):
     assert list(steps["accepted"]) == [2, 3, 0, 1]
     assert list(steps["position"]) == [1, 4, 1, 2]
     assert steps["accepted"].sum() == t["runs"]["counter_num_accepted_tokens"][0] == 6
+    # batch size 1: request 0 runs in engine steps 0-2, request 1 in 3-5
+    assert list(steps["engine_step"]) == [1, 2, 4, 5]
+    # target tokens per engine step: prompt (1, then 2) at prefill, 1 + drafted (3) per verify
+    assert list(t["engine_steps"]["num_scheduled_tokens"]) == [1, 4, 4, 2, 4, 4]
     r = t["runs"].iloc[0]
     assert r["acceptance_source"] == "detailed"
     assert r["output_tokens"] == 8 + 4 and r["num_spec_tokens"] == 3
