@@ -79,6 +79,13 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("num_scheduled_tokens", "Int64", "tokens the target processed: prompts prefilled + (1 + drafted) per verify (null if drafted unknown)"),
         ("in_window", "boolean", "step lies inside the steady window"),
     ],
+    "step_phases": [
+        ("run_id", "string", "cell id (runs.run_id)"),
+        ("phase", "string", "draft, verify, sample or step (sdlib.breakdown); other = step - draft - verify - sample"),
+        ("calls", "Int64", "timed calls (step: execute_model calls)"),
+        ("total_s", "float64", "time inside the phase over the measured requests, s; NaN if not hooked"),
+        ("timer", "string", "cuda_event (GPU stream time) or perf_counter (CPU wall time)"),
+    ],
 }
 
 FAILURE_FIELDS = ("run_id", "model", "method_label", "dataset", "batch_size", "repeat", "error", "failed_at")

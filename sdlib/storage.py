@@ -6,6 +6,7 @@ Layout of ``<results_dir>/<sweep>/``::
     requests/<run_id>.parquet
     steps/<run_id>.parquet
     engine_steps/<run_id>.parquet
+    step_phases/<run_id>.parquet   time in drafting / verification / sampling (only with engine.phase_timers)
     failures/<run_id>.json         a cell that failed (removed when it later succeeds)
     provenance.json                sweep config + one entry per invocation (vLLM version, device, commit, ...)
     logs/                          engine process logs (not committed)
@@ -31,7 +32,8 @@ import pandas as pd
 from sdlib.paths import REPO_ROOT, resolve
 from sdlib.schema import TABLES, columns, conform
 
-TABLE_ORDER = ("requests", "steps", "engine_steps", "runs")  # runs last = commit marker
+TABLE_ORDER = ("requests", "steps", "engine_steps", "step_phases", "runs")  # runs last = commit marker
+OPTIONAL_TABLES = ("step_phases",)  # written empty when a cell has none
 
 
 def utc_now() -> str:
@@ -53,7 +55,7 @@ def _atomic_write_bytes(path: Path, writer) -> None:
 
 def write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
     """Write ``df`` to ``path`` via a temporary file and rename (no half-written files)."""
-    _atomic_write_bytes(path, lambda tmp: df.to_parquet(tmp, index=False))
+    _atomic_write_bytes(path, lambda tmp: df.to_parquet(tmp, index=False, compression="zstd"))
 
 
 def write_json_atomic(obj: Any, path: Path) -> None:
@@ -108,6 +110,7 @@ class SweepStore:
 
     def write_cell(self, run_id: str, tables: dict[str, pd.DataFrame]) -> None:
         """Write a finished cell's tables, ``runs`` last, each atomically; clear an old failure."""
+        tables = {**{t: empty_table(t) for t in OPTIONAL_TABLES}, **tables}
         missing = set(TABLE_ORDER) - set(tables)
         if missing:
             raise KeyError(f"write_cell: missing tables {sorted(missing)}")

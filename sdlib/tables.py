@@ -41,7 +41,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
             rows = steps_from_gains(r.gains, None, k=k, drafter_always_proposes=always)
             sources.add("delta")
         # prefill: the whole prompt is processed in the step that produced the first token
-        if r.gain_steps:
+        if r.gain_steps and sched.get(r.gain_steps[0], 0) is not None:
             sched[r.gain_steps[0]] = sched.get(r.gain_steps[0], 0) + r.prompt_tokens
         for row in rows:
             es = r.gain_steps[row["step"] + 1] if row["step"] + 1 < len(r.gain_steps) else None
@@ -53,7 +53,8 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
                     sched[es] = sched.get(es, 0) + 1 + row["drafted"]
         if not k:  # no SD: every decode step processes one token per request
             for es in r.gain_steps[1:]:
-                sched[es] = sched.get(es, 0) + 1
+                if sched.get(es, 0) is not None:
+                    sched[es] = sched.get(es, 0) + 1
         drafted = [row["drafted"] for row in rows]
         req_rows.append({
             "run_id": run_id,

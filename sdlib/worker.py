@@ -46,6 +46,7 @@ def _environment(llm) -> dict[str, Any]:
 def run_group(spec: dict[str, Any]) -> int:
     """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
     from sdlib import vllm_compat as vc
+    from sdlib.breakdown import phases_frame
     from sdlib.driver import drive
     from sdlib.tables import build_tables
     from sdlib.workloads import load_prompts
@@ -59,10 +60,19 @@ def run_group(spec: dict[str, Any]) -> int:
     model, method = cells[0].model, cells[0].method
     max_batch = max(c.batch_size for c in cells)
     detailed = method.k > 0 and vc.has_detailed_metrics()
+    if sweep.engine.phase_timers:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must reach the model runner
     t = time.perf_counter()
     llm = vc.make_llm(model, method, sweep.engine, max_batch=max_batch, seed=sweep.seed, detailed=detailed)
     engine_start_s = time.perf_counter() - t
-    env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name, "method": method.label}
+    timers = None
+    if sweep.engine.phase_timers:
+        from sdlib.breakdown import install_phase_timers
+
+        timers = install_phase_timers(llm)
+    env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name, "method": method.label,
+           "in_process_engine": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
+           "phase_timers": timers.describe() if timers is not None else None}
     if spec.get("env_out"):
         write_json_atomic(env, Path(spec["env_out"]))
     tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
@@ -95,6 +105,8 @@ def run_group(spec: dict[str, Any]) -> int:
                 warm = prompts[: cell.warmup_requests]
                 drive(engine, warm, min(cell.batch_size, len(warm)), params, id_prefix=f"warm-{cell.run_id}-")
             started_at = utc_now()
+            if timers is not None:
+                timers.reset()
             before = vc.read_spec_counters(llm)
             n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
             with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
@@ -103,6 +115,7 @@ def run_group(spec: dict[str, Any]) -> int:
             counters = vc.diff_counters(vc.read_spec_counters(llm), before)
             tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
                                   detailed_requested=detailed)
+            tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
             store.write_cell(cell.run_id, tables)
         except Exception as err:  # noqa: BLE001 - record and go on
             store.write_failure(cell.run_id, _fail_info(cell, f"{type(err).__name__}: {err}",
