@@ -12,6 +12,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -35,6 +36,29 @@ _STRICT = ConfigDict(extra="forbid")
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message is one line naming the field."""
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_fingerprint(path: str, mtime_key: float) -> str:
+    d = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(d.glob("*.json")) + sorted(d.glob("*.safetensors")):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))  # configs whole; weights: size + first MiB
+        h.update(str(f.stat().st_size).encode())
+    return h.hexdigest()[:12]
+
+
+def model_fingerprint(path: Optional[str]) -> Optional[str]:
+    """A short hash of a local model folder (configs, weight sizes and heads), so retrained
+    weights get new run ids; None for hub ids and missing folders."""
+    if not path:
+        return None
+    p = resolve(path)
+    if not p.is_dir():
+        return None
+    return _folder_fingerprint(str(p), max((f.stat().st_mtime for f in p.iterdir()), default=0.0))
 
 
 def _slug(s: str) -> str:
@@ -176,6 +200,8 @@ class Cell:
             "batch_mode": self.batch_mode,
             "warmup_requests": self.warmup_requests,
             "num_requests": self.num_requests,
+            "model_fingerprint": model_fingerprint(self.model.path),
+            "draft_fingerprint": model_fingerprint(self.method.model),
         }
 
     @property

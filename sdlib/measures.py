@@ -92,3 +92,23 @@ def latency_table(requests: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return g.agg(latency_mean_s=("latency_s", "mean"), latency_p50_s=("latency_s", "median"),
                  latency_p90_s=("latency_s", lambda x: x.quantile(0.9)), ttft_mean_s=("ttft_s", "mean"),
                  ttft_p50_s=("ttft_s", "median")).reset_index()
+
+
+def crossover_table(sp: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, dataset, method): the smallest measured batch size where speedup < 1 (NA if none).
+
+    ``last_paying_batch_size``: the largest batch size before that with speedup >= 1.
+    """
+    rows = []
+    d = sp[sp["method"] != "none"].dropna(subset=["speedup"])
+    for (model, ds, label), g in d.groupby(["model", "dataset", "method_label"]):
+        g = g.sort_values("batch_size")
+        below = g[g["speedup"] < 1.0]
+        first = int(below["batch_size"].iloc[0]) if len(below) else pd.NA
+        paying = g[g["batch_size"] < first]["batch_size"] if len(below) else g["batch_size"]
+        rows.append({"model": model, "dataset": ds, "method_label": label,
+                     "speedup_at_min_bs": float(g["speedup"].iloc[0]),
+                     "speedup_at_max_bs": float(g["speedup"].iloc[-1]),
+                     "first_batch_size_below_1": first,
+                     "last_paying_batch_size": int(paying.max()) if len(paying) else pd.NA})
+    return pd.DataFrame(rows)

@@ -114,3 +114,38 @@ def plot_acceptance_table(acc: pd.DataFrame, title: str, value: str = "mean_acce
     ax.set_ylabel("method")
     ax.set_title(title, fontsize=9)
     return fig
+
+
+def plot_roofline(tp_none: pd.DataFrame, roof: pd.DataFrame, title: str):
+    """Measured no-SD tokens/s vs batch size against the memory- and compute-bound rooflines."""
+    fig, axes = new_figure(1, 1, width=6.0, height=4.2)
+    ax = axes[0][0]
+    for ds, s in tp_none.groupby("dataset"):
+        s = s.sort_values("batch_size")
+        ax.plot(s["batch_size"], s["tok_per_s"], "o-", label=f"measured, no SD ({ds})")
+    ax.plot(roof["batch_size"], roof["memory_bound_tok_per_s"], "--", color="grey", label="memory-bound bound")
+    ax.plot(roof["batch_size"], roof["compute_bound_tok_per_s"], ":", color="black", label="compute-bound bound")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("output tokens/s")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def plot_speedup_surface(sp: pd.DataFrame, title: str):
+    """Heatmap of measured speedup, method (rows) x batch size (columns); below 1 shows red."""
+    import seaborn as sns
+
+    d = sp[sp["method"] != "none"]
+    piv = d.pivot_table(index="method_label", columns="batch_size", values="speedup", aggfunc="mean")
+    fig, axes = new_figure(1, 1, width=1.5 + 0.8 * max(piv.shape[1], 1), height=1.2 + 0.45 * max(piv.shape[0], 1))
+    ax = axes[0][0]
+    if piv.size:
+        sns.heatmap(piv, annot=True, fmt=".2f", cmap="RdYlGn", center=1.0, ax=ax,
+                    cbar_kws={"label": "speedup over no SD (×)"})
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("method (k, synthetic acceptance L)")
+    ax.set_title(title, fontsize=9)
+    return fig
