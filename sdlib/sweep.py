@@ -45,8 +45,16 @@ def model_cards(sweep: SweepConfig) -> dict[str, Any]:
     out = {}
     paths = [(m.name, m.path) for m in sweep.models] + [(me.label, me.model) for me in sweep.methods if me.model]
     for name, p in paths:
-        card = resolve(p) / "sdlib_model.json"
-        out[name] = json.loads(card.read_text()) if card.exists() else {"path": p}
+        d = resolve(p)
+        card, manifest = d / "sdlib_model.json", d.parent / "manifest.json"
+        if card.exists():
+            out[name] = json.loads(card.read_text())
+        elif manifest.exists() and (d / "config.json").exists():  # built by sdlib.tinymodels: random init
+            m = json.loads(manifest.read_text())
+            out[name] = {"name": d.name, "kind": "sdlib.tinymodels", "seed": m.get("seed"),
+                         "random_weights": not m.get("trained", False), "path": p}
+        else:
+            out[name] = {"path": p}
     return out
 
 
