@@ -138,6 +138,22 @@ def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, refer
     return out[["dataset", "bin", "label", "num_requests", "tok_per_s", "ref_tok_per_s", "relative_speedup"]]
 
 
+def _not_meaningful(sweep_dir: Path) -> str:
+    """Why a sweep's acceptance cannot be related to BLEU ('' if it can): synthetic or random."""
+    import json
+
+    p = Path(sweep_dir) / "provenance.json"
+    if not p.exists():
+        return ""
+    prov = json.loads(p.read_text())
+    if any("synthetic" in json.dumps(m.get("options", {})) for m in prov.get("config", {}).get("methods", [])):
+        return "synthetic acceptance (does not depend on prompt/output overlap)"
+    cards = [c for inv in prov.get("invocations", []) for c in inv.get("models", {}).values()]
+    if any(c.get("random_weights") for c in cards):
+        return "random-weight models (acceptance is not about overlap)"
+    return ""
+
+
 def measured_bleu_runs(sweeps_dir: Path, prompt_ids: Optional[Callable[[pd.DataFrame], pd.Series]] = None,
                        methods: Sequence[str] = ("ngram", "eagle", "eagle3")) -> tuple[pd.DataFrame, str]:
     """Measured per-request throughput with BLEU-4, from sweep folders that ran n-gram and EAGLE.
@@ -156,6 +172,10 @@ def measured_bleu_runs(sweeps_dir: Path, prompt_ids: Optional[Callable[[pd.DataF
         return empty, f"no sweep with runs and requests tables under {sweeps_dir}"
     frames, why = [], []
     for s in sweeps:
+        skip = _not_meaningful(s)
+        if skip:
+            why.append(f"{s.name}: {skip}")
+            continue
         runs, req = read_table(s, "runs"), read_table(s, "requests")
         runs = runs[runs["method"].isin(methods)]
         if runs["method"].nunique() < 2 or not runs["method"].eq("ngram").any():
