@@ -2,8 +2,9 @@
 
 A trace row is one request: its prompt and greedy output token ids, and for each
 method a list ``acc_len`` where ``acc_len[p]`` = tokens gained (accepted + 1) if a
-verify step started at output position ``p`` with up to 20 drafted tokens; entry 0
-is the prefill step (always 1).
+verify step started at output position ``p`` with up to k drafted tokens (k = 20 in
+the authors' traces; ours record k in a provenance file); entry 0 is the prefill
+step (always 1).
 
 Usage:
     from sdlib.traces import load_reference_traces
@@ -32,6 +33,8 @@ REFERENCE_FILES = {
 }
 #: method name in our tables -> key in the authors' JSON
 REFERENCE_METHODS = {"ngram": "acc_ngram", "eagle3": "acc_eagle"}
+#: every method our own traces carry (sdlib.ourtraces) -> JSON key; EAGLE-1 must not collide with acc_eagle
+TRACE_KEYS = {**REFERENCE_METHODS, "eagle": "acc_eagle1", "draft_model": "acc_draft_model"}
 REFERENCE_MAX_K = 20
 TRACE_COLUMNS = ["dataset", "request_id", "prompt_token_ids", "output_token_ids", "method", "acc_len"]
 
@@ -86,7 +89,7 @@ def load_reference_traces(datasets: Optional[Iterable[str]] = None,
 
 def write_trace_file(df: pd.DataFrame, path: str | Path) -> Path:
     """Write long-form traces back in the authors' JSONL format (``acc_<method>`` keys; eagle3 -> acc_eagle)."""
-    inv = {m: k for m, k in REFERENCE_METHODS.items()}
+    inv = dict(TRACE_KEYS)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.suffix == ".gz" else open
