@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sdlib.costmodel import AUTHORS_H100_LLAMA8B, CostModel
+from sdlib.costmodel import AUTHORS_H100_LLAMA8B, CostModel, robust_lstsq
 from sdlib.storage import read_table
 
 
@@ -44,14 +44,7 @@ def fit_joint(no_sd: pd.DataFrame, sd: pd.DataFrame, robust: bool = True) -> tup
     s = both["_sd"].to_numpy(float)
     y = both["duration_s"].to_numpy(float)
     X = np.column_stack([kv, n, np.ones_like(kv), s * kv, s])
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    keep = np.ones(len(y), bool)
-    if robust and len(y) >= 10:
-        r = y - X @ coef
-        mad = 1.4826 * np.median(np.abs(r - np.median(r)))
-        if mad > 0:
-            keep = np.abs(r - np.median(r)) <= 5 * mad
-            coef, *_ = np.linalg.lstsq(X[keep], y[keep], rcond=None)
+    coef, keep = robust_lstsq(X, y, robust)
     r = y[keep] - X[keep] @ coef
     ss = float(np.sum((y[keep] - y[keep].mean()) ** 2))
     return coef, {"n_points": int(keep.sum()), "n_dropped": int((~keep).sum()),

@@ -173,6 +173,22 @@ def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
+def robust_lstsq(X: np.ndarray, y: np.ndarray, robust: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares, then (if ``robust`` and >= 10 points) one refit without points whose
+    residual lies beyond 5 scaled MADs. Returns (coefficients, mask of points kept)."""
+    coef = _lstsq(X, y)
+    keep = np.ones(len(y), dtype=bool)
+    if robust and len(y) >= 10:
+        r = y - X @ coef
+        mad = 1.4826 * np.median(np.abs(r - np.median(r)))
+        if mad > 0:
+            k = np.abs(r - np.median(r)) <= 5 * mad
+            if k.sum() >= 3 and not k.all():
+                keep = k
+                coef = _lstsq(X[keep], y[keep])
+    return coef, keep
+
+
 def fit_cost_model(engine_steps: pd.DataFrame, name: str, *, n_column: str = "num_new_tokens",
                    tokens_per_request: Optional[float] = None, overhead_s: float = 0.0,
                    base: CostModel = AUTHORS_H100_LLAMA8B, in_window_only: bool = False,
@@ -204,15 +220,7 @@ def fit_cost_model(engine_steps: pd.DataFrame, name: str, *, n_column: str = "nu
     if len(y) < 3:
         raise ValueError(f"fit_cost_model: need >= 3 finite steps, got {len(y)}")
     X = np.column_stack([kv, n, np.ones_like(kv)])
-    coef = _lstsq(X, y)
-    keep = np.ones(len(y), dtype=bool)
-    if robust and len(y) >= 10:
-        r = y - X @ coef
-        mad = 1.4826 * np.median(np.abs(r - np.median(r)))
-        if mad > 0:
-            keep = np.abs(r - np.median(r)) <= 5 * mad
-            if keep.sum() >= 3 and not keep.all():
-                coef = _lstsq(X[keep], y[keep])
+    coef, keep = robust_lstsq(X, y, robust)
     r = y[keep] - X[keep] @ coef
     ss_tot = float(np.sum((y[keep] - y[keep].mean()) ** 2))
     meta = {"n_points": int(keep.sum()), "n_dropped": int((~keep).sum()),
