@@ -19,7 +19,7 @@ Usage:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Optional
+from typing import Callable, Optional
 
 
 class AlignmentError(ValueError):
@@ -34,29 +34,38 @@ def _compatible(gain: int, accepted: int, last: bool) -> bool:
     return gain == accepted + 1 or (last and 1 <= gain <= accepted + 1)
 
 
-def align(decode_gains: list[int], accepted: list[int]) -> list[Optional[int]]:
+def align(decode_gains: list[int], accepted: list[int],
+          has_draft: Optional[list[bool]] = None) -> list[Optional[int]]:
     """Map each decode step to the index of its detailed entry, or None if it had no draft.
 
     ``decode_gains``: tokens added per engine step after the prefill token.
     ``accepted``: the detailed per-step accepted counts (steps with drafts only).
-    Undrafted steps gain exactly 1 token. Where the placement is ambiguous
-    (a zero-acceptance entry among several one-token steps) the earliest
-    feasible placement is chosen.
+    ``has_draft``: per decode step, whether the drafter proposed anything there,
+    when it is known independently (n-gram: :func:`sdlib.ourtraces.ngram_trace`
+    recomputes vLLM's look-up exactly). Undrafted steps gain exactly 1 token.
+    Without ``has_draft``, where the placement is ambiguous (a zero-acceptance
+    entry among several one-token steps) the earliest feasible placement is
+    chosen; with it, a step takes an entry iff it drafted (AlignmentError if
+    that does not fit).
     """
     n, m = len(decode_gains), len(accepted)
     if m > n:
         raise AlignmentError(f"{m} drafted steps but only {n} decode steps")
+    if has_draft is not None and len(has_draft) != n:
+        raise AlignmentError(f"has_draft has {len(has_draft)} entries for {n} decode steps")
 
     @lru_cache(maxsize=None)
     def feasible(i: int, j: int) -> bool:
         if j == m:
-            return all(g == 1 for g in decode_gains[i:])
+            return all(g == 1 for g in decode_gains[i:]) and (
+                has_draft is None or not any(has_draft[i:]))
         if n - i < m - j:
             return False
         last = i == n - 1
-        if _compatible(decode_gains[i], accepted[j], last) and feasible(i + 1, j + 1):
+        if (has_draft is None or has_draft[i]) and _compatible(decode_gains[i], accepted[j], last) \
+                and feasible(i + 1, j + 1):
             return True
-        return decode_gains[i] == 1 and feasible(i + 1, j)
+        return (has_draft is None or not has_draft[i]) and decode_gains[i] == 1 and feasible(i + 1, j)
 
     if not feasible(0, 0):
         raise AlignmentError(f"gains {decode_gains[:20]}... do not fit accepted {accepted[:20]}...")
@@ -64,7 +73,8 @@ def align(decode_gains: list[int], accepted: list[int]) -> list[Optional[int]]:
     i = j = 0
     while i < n:
         last = i == n - 1
-        if j < m and _compatible(decode_gains[i], accepted[j], last) and feasible(i + 1, j + 1):
+        if j < m and (has_draft is None or has_draft[i]) and _compatible(decode_gains[i], accepted[j], last) \
+                and feasible(i + 1, j + 1):
             out.append(j)
             j += 1
         else:
@@ -79,6 +89,7 @@ def steps_from_gains(
     detailed: Optional[tuple[list[int], list[int]]] = None,
     k: int = 0,
     drafter_always_proposes: bool = True,
+    drafted_at: Optional[Callable[[int], bool]] = None,
 ) -> list[dict]:
     """Verify-step rows ``{step, position, drafted, accepted}`` for one request.
 
@@ -88,6 +99,8 @@ def steps_from_gains(
     ``k``: tokens proposed per step, for the ``delta`` source.
     ``drafter_always_proposes``: model-based drafters propose k every step;
     n-gram may not (then ``drafted`` is None in the ``delta`` source).
+    ``drafted_at``: ``position -> bool``, whether the drafter proposed at that output
+    position (n-gram, recomputed offline); pins the ``detailed`` entries to those steps.
     """
     if not gains:
         return []
@@ -98,7 +111,13 @@ def steps_from_gains(
         drafted, accepted = detailed
         if len(drafted) != len(accepted):
             raise AlignmentError("drafted and accepted lists differ in length")
-        where = align(decode, accepted)
+        has_draft = None
+        if drafted_at is not None:
+            pos, has_draft = position, []
+            for g in decode:
+                has_draft.append(bool(drafted_at(pos)))
+                pos += g
+        where = align(decode, accepted, has_draft)
         for s, (g, j) in enumerate(zip(decode, where)):
             rows.append({
                 "step": s,

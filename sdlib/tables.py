@@ -21,6 +21,25 @@ from sdlib.schema import columns, conform
 log = logging.getLogger(__name__)
 
 
+def _ngram_drafted_at(cell, r):
+    """``position -> bool``: whether vLLM's n-gram proposer drafted at that output position.
+
+    Recomputed exactly from the prompt and the output (:func:`sdlib.ourtraces.ngram_trace`, which
+    agrees with vLLM's per-step acceptance on every step checked); None if the ids are missing.
+    """
+    from sdlib.ourtraces import ngram_trace
+
+    prompt = list(getattr(r, "prompt_token_ids", None) or [])
+    out = list(getattr(r, "token_ids", None) or [])
+    if not prompt or not out:
+        return None
+    spec = cell.method.speculative_config() or {}
+    tr = ngram_trace(prompt, out, k=cell.method.k, nmin=int(spec.get("prompt_lookup_min", 3)),
+                     nmax=int(spec.get("prompt_lookup_max", 7)), max_model_len=cell.model.max_model_len)
+    drafted = tr.drafted
+    return lambda p: 0 <= p < len(drafted) and drafted[p] > 0
+
+
 def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at: str,
                  detailed_requested: bool) -> dict[str, pd.DataFrame]:
     """``{"runs", "requests", "steps", "engine_steps"}`` DataFrames for one cell."""
@@ -32,8 +51,17 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     sources = set()
     for r in result.requests:
         detailed = r.detailed if detailed_requested else None
+        drafted_at = _ngram_drafted_at(cell, r) if (detailed is not None and not always) else None
         try:
-            rows = steps_from_gains(r.gains, detailed, k=k, drafter_always_proposes=always) if k else []
+            try:
+                rows = steps_from_gains(r.gains, detailed, k=k, drafter_always_proposes=always,
+                                        drafted_at=drafted_at) if k else []
+            except AlignmentError as err:
+                if drafted_at is None:
+                    raise
+                log.warning("%s %s: n-gram steps recomputed offline do not fit vLLM's (%s); placing "
+                            "zero-acceptance entries at the earliest fit", run_id, r.request_id, err)
+                rows = steps_from_gains(r.gains, detailed, k=k, drafter_always_proposes=always)
             if k:
                 sources.add("detailed" if detailed is not None else "delta")
         except AlignmentError as err:

@@ -45,3 +45,27 @@ def test_delta_source():
 def test_mean_acceptance_length_paper_definition():
     # drafts: 3 (the 0-drafted step does not count); accepted 2+0+3 = 5 -> 1 + 5/3
     assert mean_acceptance_length([3, 0, 3, 3], [2, 0, 0, 3]) == pytest.approx(1 + 5 / 3)
+
+
+def test_known_draft_steps_pin_the_ambiguous_zero_acceptance_entry():
+    # three one-token steps, one zero-acceptance draft: without help the earliest step takes it
+    assert align([1, 1, 1], [0]) == [0, None, None]
+    # the drafter is known to have proposed at the third step only
+    assert align([1, 1, 1], [0], has_draft=[False, False, True]) == [None, None, 0]
+    with pytest.raises(AlignmentError):
+        align([1, 1, 1], [0], has_draft=[False, False, False])
+    with pytest.raises(AlignmentError):
+        align([1, 1], [0], has_draft=[True])
+
+
+def test_steps_from_gains_uses_drafted_positions():
+    # prefill gives position 1; steps at positions 1, 2, 3, 4 (the 3rd gains 2 tokens)
+    gains = [1, 1, 1, 2, 1]
+    detailed = ([3, 3], [0, 1])
+    earliest = steps_from_gains(gains, detailed, k=3, drafter_always_proposes=False)
+    assert [r["drafted"] for r in earliest] == [3, 0, 3, 0]  # 0-acceptance entry before the 2-gain step
+    pinned = steps_from_gains(gains, detailed, k=3, drafter_always_proposes=False,
+                              drafted_at=lambda p: p in (2, 3))
+    assert [r["position"] for r in pinned] == [1, 2, 3, 5]
+    assert [r["drafted"] for r in pinned] == [0, 3, 3, 0]
+    assert [r["accepted"] for r in pinned] == [0, 0, 1, 0]
