@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make figures   set up, build the embedded models, run the embedded sweep, re-execute the notebooks
+#   make figures   set up, run the embedded sweep (trained models in data/models), write our traces,
+#                  re-execute the notebooks
 #   make test      set up, run every test (unit, engine, notebooks)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -7,10 +8,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SWEEP ?= configs/embedded_default.yaml
+TRACE_DATASETS ?= sharegpt humaneval code_edit
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep notebooks figures test test-fast bench lab strip clean-sweep
+.PHONY: setup models sweep traces notebooks figures test test-fast bench lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +29,15 @@ setup: $(VENV)/.installed
 models: setup
 	$(PY) -m sdlib models
 
-sweep: models
+sweep: setup
 	$(PY) -m sdlib sweep $(SWEEP)
+
+# teacher-forced traces of the trained models along the sweep's greedy outputs (no SD, bs 1)
+traces: setup
+	for ds in $(TRACE_DATASETS); do \
+	  $(PY) -m sdlib.ourtraces --models data/models --from-sweep data/sweeps/embedded_default --dataset $$ds \
+	    --num-requests 24 --k 8 --dtype bfloat16 --max-model-len 1024 --out data/traces/embedded_$$ds.jsonl.gz || exit 1; \
+	done
 
 notebooks: setup
 	mkdir -p build/notebooks
@@ -37,7 +46,7 @@ notebooks: setup
 	  $(VENV)/bin/papermill --progress-bar "$$nb" "build/notebooks/$$(basename $$nb)" -k python3 || exit 1; \
 	done
 
-figures: sweep notebooks
+figures: sweep traces notebooks
 
 test: models
 	$(VENV)/bin/python -m pytest -q tests notebooks --nbmake --durations=15

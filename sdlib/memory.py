@@ -36,7 +36,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from sdlib.paths import MODELS_DIR, resolve
+from sdlib.paths import TRAINED_MODELS_DIR, resolve
 from sdlib.shapes import SHAPES, kv_bytes_per_token, param_count
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
@@ -223,8 +223,8 @@ def paper_setups() -> list[Setup]:
     ]
 
 
-def embedded_setups(models_dir: str | os.PathLike[str] = MODELS_DIR) -> list[Setup]:
-    """The embedded tiny models (``python -m sdlib models``), if built; [] otherwise."""
+def embedded_setups(models_dir: str | os.PathLike[str] = TRAINED_MODELS_DIR) -> list[Setup]:
+    """The embedded models (default: the trained ones in data/models), if there; [] otherwise."""
     d = Path(models_dir)
     tcfg = load_config(d / "target")
     if tcfg is None:

@@ -677,6 +677,29 @@ def read_traces(path: str | Path, dataset: str) -> pd.DataFrame:
     return read_trace_file(resolve(path), dataset, methods=TRACE_KEYS)
 
 
+def load_our_traces(patterns: str | Sequence[str]) -> pd.DataFrame:
+    """Every trace file matching ``patterns`` (repo-relative globs of :func:`write_traces` output), long form.
+
+    The dataset and ``k`` of each file come from the provenance JSON beside it. Columns:
+    :data:`sdlib.traces.TRACE_COLUMNS` + ``k`` + ``file`` (repo-relative). Empty (same columns) when
+    nothing matches.
+    """
+    import glob
+
+    pats = [patterns] if isinstance(patterns, str) else list(patterns)
+    files = sorted({Path(f) for pat in pats for f in glob.glob(str(resolve(pat)))})
+    frames = []
+    for f in files:
+        prov_path = _provenance_path(f)
+        if not prov_path.exists():
+            raise FileNotFoundError(f"{f}: no provenance file {prov_path.name} beside it (written by write_traces)")
+        prov = json.loads(prov_path.read_text())
+        frames.append(read_traces(f, prov["dataset"]).assign(k=int(prov["k"]), file=_rel(f)))
+    if not frames:
+        return pd.DataFrame(columns=[*TRACE_COLUMNS, "k", "file"])
+    return pd.concat(frames, ignore_index=True)
+
+
 # =========================================================================== CLI
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sdlib.ourtraces", description=__doc__.split("\n\n")[0])

@@ -21,6 +21,8 @@ CONFIGS_DIR: Path = REPO_ROOT / "configs"
 CACHE_DIR: Path = Path(os.environ.get("SDLIB_CACHE_DIR", REPO_ROOT / ".cache"))
 #: Where the embedded tiny models are built (``python -m sdlib models``).
 MODELS_DIR: Path = CACHE_DIR / "models"
+#: The trained embedded models (``python -m sdlib.train``), committed: ``@trained/<component>``.
+TRAINED_MODELS_DIR: Path = DATA_DIR / "models"
 #: Default results directory for sweeps: one folder per sweep.
 SWEEPS_DIR: Path = DATA_DIR / "sweeps"
 
@@ -28,11 +30,14 @@ SWEEPS_DIR: Path = DATA_DIR / "sweeps"
 def resolve(path: str | os.PathLike[str]) -> Path:
     """Resolve ``path`` against the repo root when it is relative.
 
-    ``@models/target`` expands to the embedded models folder and ``@shapes/<name>``
+    ``@trained/target`` expands to the committed trained models (data/models),
+    ``@models/target`` to the random-weight embedded models folder and ``@shapes/<name>``
     to the config-only paper-scale shapes (sdlib.shapes), so configs never carry
     absolute paths.
     """
     s = str(path)
+    if s.startswith("@trained/"):
+        return TRAINED_MODELS_DIR / s[len("@trained/"):]
     if s.startswith("@models/"):
         return MODELS_DIR / s[len("@models/"):]
     if s.startswith("@shapes/"):

@@ -20,8 +20,20 @@ def model_note(card: dict[str, Any]) -> str:
     if card.get("random_weights"):
         return "random weights"
     if card.get("trained"):
-        return "trained tiny model"
+        n = card.get("params")
+        return f"trained, {n / 1e6:.1f}M params" if n else "trained tiny model"
     return ""
+
+
+def _notes(cards: dict[str, Any], targets: list[str]) -> list[str]:
+    """Title notes: the target's own note, then one for the drafters (trained / random weights)."""
+    notes = [model_note(cards[t]) for t in targets if t in cards]
+    drafters = [c for n, c in cards.items() if n not in targets]
+    if drafters and all(c.get("trained") for c in drafters):
+        notes.append("trained drafters")
+    elif any(c.get("random_weights") for c in drafters):
+        notes.append("random weights")
+    return [n for n in dict.fromkeys(notes) if n]
 
 
 def sweep_title(store, what: str = "") -> str:
@@ -34,7 +46,7 @@ def sweep_title(store, what: str = "") -> str:
         cards.update(inv.get("models", {}))
         engines += inv.get("engines", [])
     models = [m.get("name") for m in prov.get("config", {}).get("models", [])]
-    notes = sorted({model_note(c) for c in cards.values()} - {""})
+    notes = _notes(cards, [m for m in models if m])
     device = next((e.get("device") for e in reversed(engines) if e.get("device")), "")
     ver = next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), "")
     synthetic = any("synthetic" in str(m.get("options", {})) for m in prov.get("config", {}).get("methods", []))

@@ -19,8 +19,9 @@ import pandas as pd
 import pytest
 
 from sdlib.oracle import ngram_lookup_lengths, prepare_traces
-from sdlib.ourtraces import (TRACE_KEYS, Greedy, greedy_from_sweep, mean_acc_len, model_acc_lens, ngram_acc_len,
-                             ngram_propose, ngram_replay, ngram_trace, position_prompts, read_traces, write_traces)
+from sdlib.ourtraces import (TRACE_KEYS, Greedy, greedy_from_sweep, load_our_traces, mean_acc_len, model_acc_lens,
+                             ngram_acc_len, ngram_propose, ngram_replay, ngram_trace, position_prompts, read_traces,
+                             write_traces)
 from sdlib.traces import read_trace_file
 
 
@@ -230,7 +231,7 @@ def test_write_read_round_trip(tmp_path):
                          "output_token_ids": x.output_token_ids, "method": m, "acc_len": a, "k": 3,
                          "mismatch_positions": [2] if (m == "eagle" and x.request_id == "a") else []})
     df = pd.DataFrame(rows)
-    path = write_traces(df, tmp_path / "t" / "toy.jsonl.gz", {"note": "test"})
+    path = write_traces(df, tmp_path / "t" / "toy.jsonl.gz", {"note": "test", "dataset": "toy", "k": 3})
     with gzip.open(path, "rt") as f:
         first = json.loads(f.readline())
     assert set(first) == {"id", "prompt_token_ids", "generated_token_ids", *TRACE_KEYS.values()}
@@ -240,6 +241,10 @@ def test_write_read_round_trip(tmp_path):
     key = ["request_id", "method"]
     pd.testing.assert_frame_equal(back.sort_values(key).reset_index(drop=True)[back.columns],
                                   df.sort_values(key).reset_index(drop=True)[back.columns])
+    # the glob loader takes dataset and k from the provenance file
+    both = load_our_traces([str(tmp_path / "t" / "*.jsonl.gz"), str(tmp_path / "none-*.jsonl.gz")])
+    assert len(both) == len(df) and set(both.k) == {3} and set(both.dataset) == {"toy"}
+    assert load_our_traces(str(tmp_path / "missing-*.jsonl.gz")).empty
     # the default loader (authors' keys) sees ngram + eagle3 and feeds the simulator
     ref = read_trace_file(path, "toy")
     assert sorted(ref.method.unique()) == ["eagle3", "ngram"]
