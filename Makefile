@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SWEEP ?= configs/embedded_default.yaml
-TRACE_DATASETS ?= sharegpt humaneval code_edit
+TRACE_DATASETS ?= sharegpt code_edit
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export PYTHONUNBUFFERED := 1
 
@@ -32,11 +32,12 @@ models: setup
 sweep: setup
 	$(PY) -m sdlib sweep $(SWEEP)
 
-# teacher-forced traces of the trained models along the sweep's greedy outputs (no SD, bs 1)
+# teacher-forced traces of the trained models along the sweep's greedy outputs (no SD, bs 1): n-gram
+# exact and offline, EAGLE-3 through CPU vLLM (one prefill per output position: ~10 min per dataset here)
 traces: setup
 	for ds in $(TRACE_DATASETS); do \
 	  $(PY) -m sdlib.ourtraces --models data/models --from-sweep data/sweeps/embedded_default --dataset $$ds \
-	    --num-requests 24 --k 8 --dtype bfloat16 --max-model-len 1024 --out data/traces/embedded_$$ds.jsonl.gz || exit 1; \
+	    --num-requests 12 --methods ngram,eagle3 --k 8 --dtype bfloat16 --max-model-len 1024 --out data/traces/embedded_$$ds.jsonl.gz || exit 1; \
 	done
 
 notebooks: setup

@@ -152,12 +152,14 @@ def plot_speedup_surface(sp: pd.DataFrame, title: str):
 
     d = sp[sp["method"] != "none"]
     piv = d.pivot_table(index="method_label", columns="batch_size", values="speedup", aggfunc="mean")
-    fig, axes = new_figure(1, 1, width=1.5 + 0.8 * max(piv.shape[1], 1), height=1.2 + 0.45 * max(piv.shape[0], 1))
+    # room for the 3-line title, the colour bar and the method labels even with one or two rows
+    fig, axes = new_figure(1, 1, width=max(6.5, 2.5 + 0.8 * max(piv.shape[1], 1)),
+                           height=max(3.2, 1.6 + 0.45 * max(piv.shape[0], 1)))
     ax = axes[0][0]
     if piv.size:
         sns.heatmap(piv, annot=True, fmt=".2f", cmap="RdYlGn", center=1.0, ax=ax,
                     cbar_kws={"label": "speedup over no SD (×)"})
     ax.set_xlabel("batch size")
-    ax.set_ylabel("method (k, synthetic acceptance L)")
+    ax.set_ylabel("method (k, synthetic L)" if piv.shape[0] < 3 else "method (k, synthetic acceptance L)")
     ax.set_title(title, fontsize=9)
     return fig
