@@ -85,6 +85,17 @@ def test_shipped_configs_validate():
         load_sweep(p)
 
 
+def test_papermill_files_name_a_shipped_config():
+    import yaml
+
+    files = sorted(CONFIGS_DIR.glob("*.papermill.yaml"))
+    assert files
+    for p in files:
+        params = yaml.safe_load(p.read_text())
+        assert (CONFIGS_DIR.parent / params["SWEEP_CONFIG"]).is_file(), p.name
+        load_sweep(CONFIGS_DIR.parent / params["SWEEP_CONFIG"])
+
+
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_sweep("configs/does_not_exist.yaml")
