@@ -383,3 +383,17 @@ def test_folders_load_and_run_in_vllm(fitted):
     for m in ("draft_model", "eagle", "eagle3"):
         assert by[m]["num_draft_tokens"] > 0, m
     assert all(len(o) > 0 for o in by["none"]["outputs"])
+
+
+@pytest.mark.engine
+def test_committed_models_load_and_accept_in_vllm():
+    """The weights in data/models load in this vLLM and EAGLE-3 accepts clearly more than nothing."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pytest.skip("vLLM is not installed")
+    from sdlib.paths import TRAINED_MODELS_DIR
+
+    (r,) = tr.check(TRAINED_MODELS_DIR, methods=("eagle3",), n=2, max_tokens=32)
+    assert r["ok"], r.get("stderr_tail", "")[-1500:]
+    assert r["mean_acceptance_length"] > 1.5, r
