@@ -284,28 +284,26 @@ class PhaseTimers:
     def _timed(self, phase: str, fn: Callable, counts: bool) -> Callable:
         timers = self
 
+        def run_timed(args, kwargs):
+            start = timers._start()
+            out = fn(*args, **kwargs)
+            timers._stop(phase, start, counts)
+            return out
+
         def timed(*args, **kwargs):
             if phase == "step":
                 if timers._in_step:
                     return fn(*args, **kwargs)
                 timers._in_step = True
                 try:
-                    if timers._capturing():
-                        return fn(*args, **kwargs)
-                    start = timers._start()
-                    out = fn(*args, **kwargs)
-                    timers._stop(phase, start, counts)
-                    return out
+                    return fn(*args, **kwargs) if timers._capturing() else run_timed(args, kwargs)
                 finally:
                     timers._in_step = False
             if not timers._in_step or timers._inner is not None or timers._capturing():
                 return fn(*args, **kwargs)
             timers._inner = phase
             try:
-                start = timers._start()
-                out = fn(*args, **kwargs)
-                timers._stop(phase, start, counts)
-                return out
+                return run_timed(args, kwargs)
             finally:
                 timers._inner = None
 

@@ -73,16 +73,24 @@ def test_trace_constant_run_caps_at_tokens_left_and_k():
         "positions": [1, 2, 3, 4, 6, 10], "gains": [1, 1, 1, 2, 4, 2], "drafted": [1, 3, 3], "accepted": [1, 3, 1]}
 
 
+def _random_case(rng, vocabs, max_p, max_l, max_nmin, max_k, max_mml_extra, mml_optional):
+    """A random (prompt + output, P, L, nmin, nmax, k, max_model_len) for the n-gram look-up checks."""
+    V = rng.choice(vocabs)
+    P, L = rng.randint(0, max_p), rng.randint(1, max_l)
+    seq = [rng.randrange(V) for _ in range(P + L)]
+    nmin = rng.randint(1, max_nmin)
+    nmax = nmin + rng.randint(0, 4)
+    k = rng.randint(1, max_k)
+    mml = P + L + rng.randint(0, max_mml_extra)
+    if mml_optional:
+        mml = rng.choice([None, mml])
+    return seq, P, L, nmin, nmax, k, mml
+
+
 def test_trace_agrees_with_brute_force_and_oracle_lookup():
     rng = random.Random(1)
     for _ in range(200):
-        V = rng.choice([2, 3, 6, 50])
-        P, L = rng.randint(0, 25), rng.randint(1, 30)
-        seq = [rng.randrange(V) for _ in range(P + L)]
-        nmin = rng.randint(1, 3)
-        nmax = nmin + rng.randint(0, 4)
-        k = rng.randint(1, 8)
-        mml = rng.choice([None, P + L + rng.randint(0, 4)])
+        seq, P, L, nmin, nmax, k, mml = _random_case(rng, [2, 3, 6, 50], 25, 30, 3, 8, 4, mml_optional=True)
         tr = ngram_trace(seq[:P], seq[P:], k, nmin, nmax, mml)
         for p in range(1, L):
             prop = ngram_propose(seq[:P + p], nmin, nmax, k, mml)
@@ -326,13 +334,7 @@ def test_offline_ngram_equals_vllm_function_on_random_sequences():
     rng = random.Random(0)
     checked = 0
     for _ in range(150):
-        V = rng.choice([2, 3, 5, 20])
-        P, L = rng.randint(0, 30), rng.randint(1, 40)
-        seq = [rng.randrange(V) for _ in range(P + L)]
-        nmin = rng.randint(1, 4)
-        nmax = nmin + rng.randint(0, 4)
-        k = rng.randint(1, 10)
-        mml = P + L + rng.randint(0, 5)
+        seq, P, L, nmin, nmax, k, mml = _random_case(rng, [2, 3, 5, 20], 30, 40, 4, 10, 5, mml_optional=False)
         tr = ngram_trace(seq[:P], seq[P:], k, nmin, nmax, mml)
         for p in range(1, L):
             want = vllm_ngram(np.array(seq[:P + p], dtype=np.int32), nmin, nmax, mml, k).tolist()
