@@ -700,6 +700,22 @@ def load_our_traces(patterns: str | Sequence[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def traces_title(traces: pd.DataFrame) -> str:
+    """``our traces of <target folder> (<what its card says>); <device>, vLLM <version>`` for titles,
+    from the provenance files of :func:`load_our_traces` output (its ``file`` column)."""
+    from sdlib.plots import model_note
+
+    provs = [json.loads(_provenance_path(resolve(f)).read_text()) for f in sorted(set(traces["file"]))]
+    targets = sorted({p["target"] for p in provs if p.get("target")})
+    parts = []
+    for t in targets:
+        card_path = resolve(t) / "sdlib_model.json"
+        note = model_note(json.loads(card_path.read_text())) if card_path.exists() else ""
+        parts.append(f"{t} ({note})" if note else t)
+    where = sorted({f"{p.get('device', '?')}, vLLM {p.get('vllm_version', '?')}" for p in provs})
+    return "our traces of " + ", ".join(parts) + "; " + "; ".join(where)
+
+
 # =========================================================================== CLI
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sdlib.ourtraces", description=__doc__.split("\n\n")[0])

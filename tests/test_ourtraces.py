@@ -446,3 +446,31 @@ def test_eagle_heads_give_valid_traces(models, self_draft, tmp_path):
     path = write_traces(pd.concat([self_draft.traces[self_draft.traces.request_id.isin(df.request_id)], df]),
                         tmp_path / "x.jsonl", run.info)
     assert set(read_traces(path, "code_edit").method) == {"ngram", "draft_model", "eagle", "eagle3"}
+
+
+def test_committed_sweep_ngram_steps_sit_where_the_offline_lookup_drafts():
+    """data/sweeps/embedded_default: every n-gram step drafted iff the offline look-up drafts there."""
+    import json as _json
+
+    from sdlib.config import load_sweep
+    from sdlib.paths import CONFIGS_DIR, SWEEPS_DIR
+    from sdlib.storage import read_table
+
+    d = SWEEPS_DIR / "embedded_default"
+    runs, req, st = read_table(d, "runs"), read_table(d, "requests"), read_table(d, "steps")
+    ng = runs[runs.method == "ngram"]
+    if ng.empty:
+        pytest.skip("no n-gram cells in the committed sweep")
+    ids = lambda x: _json.loads(x) if isinstance(x, str) else list(x)  # noqa: E731
+    cfg = load_sweep(CONFIGS_DIR / "embedded_default.yaml")
+    spec = next(m for m in cfg.methods if m.name == "ngram").speculative_config()
+    checked = 0
+    for r in ng.itertuples():
+        for q in req[req.run_id == r.run_id].itertuples():
+            tr = ngram_trace(ids(q.prompt_token_ids), ids(q.output_token_ids), k=int(r.num_spec_tokens),
+                             nmin=spec["prompt_lookup_min"], nmax=spec["prompt_lookup_max"],
+                             max_model_len=cfg.models[0].max_model_len)
+            s = st[(st.run_id == r.run_id) & (st.request_id == q.request_id)]
+            assert ((s.drafted > 0).to_numpy() == (tr.drafted[s.position.to_numpy()] > 0)).all(), q.request_id
+            checked += len(s)
+    assert checked > 1000
