@@ -1573,6 +1573,11 @@ def cards_markdown(models: Path, sweep_dir: Optional[Path] = None) -> str:
              "`python -m sdlib.train prepare --out .train` (CPU, here), then `python -m sdlib.train fit --data .train",
              "--out data/models --device cuda --time-budget-s 240 --shares 0.25,0.15,0.3,0.3` (GPU, about 4 min).",
              "", f"Tokenizer: byte-level BPE, {man.get('vocab_size')} tokens (`tokenizer/`).", ""]
+    logs = sorted(p.parent.name for p in (models / "train_logs").glob("*/train_log.json"))
+    if logs:
+        lines += ["Training runs, as `fit` logged them on the device (`train_log.json`: config, device, "
+                  "versions, every evaluation; `fit_stdout.log.gz`): "
+                  + ", ".join(f"`train_logs/{n}/`" for n in logs) + ".", ""]
     for c in MODEL_COMPONENTS:
         card = json.loads((models / c / "sdlib_model.json").read_text())
         tr = card.get("training", {})
