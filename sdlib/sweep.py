@@ -93,6 +93,10 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
     if only_methods:
         groups = OrderedDict((g, c) for g, c in groups.items() if g[1] in only_methods or c[0].method.name in only_methods)
     total = sum(len(c) for c in groups.values())
+    if total == 0:  # nothing to run: leave provenance as it is (a rerun of a finished sweep changes no file)
+        print(f"sweep {sweep.name}: nothing to run; {len(store.done_ids())} cell(s) done, "
+              f"{len(store.failures())} failed; results in {store.dir}", file=sys.stderr)
+        return store
     entry = {
         "started_at": utc_now(),
         "git_commit": git_commit(),

@@ -95,3 +95,22 @@ def test_schema_documented_in_data_readme():
         assert f"`{table}`" in text, table
         for c, _, _ in cols:
             assert f"`{c}`" in text, (table, c)
+
+
+def test_rerun_of_a_finished_sweep_changes_no_file(tmp_path):
+    from sdlib.config import parse_sweep
+    from sdlib.storage import SweepStore
+    from sdlib.sweep import run_sweep
+
+    model = tmp_path / "m"
+    model.mkdir()
+    cfg = parse_sweep({"name": "done", "results_dir": str(tmp_path / "sw"), "models": [{"path": str(model)}],
+                       "methods": [{"name": "none"}], "workloads": [{"dataset": "gsm8k"}], "batch_sizes": [1, 2]})
+    store = SweepStore(cfg.out_dir)
+    (store.dir / "runs").mkdir(parents=True)
+    for c in cfg.cells():
+        (store.dir / "runs" / f"{c.run_id}.parquet").write_bytes(b"")  # marked done
+    before = {p: p.stat().st_mtime_ns for p in store.dir.rglob("*")}
+    run_sweep(cfg, quiet=True)
+    assert {p: p.stat().st_mtime_ns for p in store.dir.rglob("*")} == before
+    assert not store.provenance_path.exists()
