@@ -39,7 +39,7 @@ traces: setup
 	for ds in $(TRACE_DATASETS); do \
 	  out=data/traces/embedded_$$ds.jsonl.gz; \
 	  if [ -f $$out ]; then echo "$$out exists (delete it to remake)"; continue; fi; \
-	  $(PY) -m sdlib.ourtraces --models data/models --from-sweep data/sweeps/embedded_default --dataset $$ds \
+	  $(PY) -m sdlib traces --models data/models --from-sweep data/sweeps/embedded_default --dataset $$ds \
 	    --num-requests 12 --methods ngram,eagle3 --k 8 --dtype bfloat16 --max-model-len 1024 --out $$out || exit 1; \
 	done
 

@@ -30,13 +30,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
 
-    from sdlib import vllm_compat as vc
+    from sdlib.vllm import compat as vc
     from sdlib.config import parse_sweep
-    from sdlib.driver import drive
+    from sdlib.run.driver import drive
     from sdlib.paths import MODELS_DIR
-    from sdlib.tables import build_tables
-    from sdlib.tinymodels import build_models
-    from sdlib.workloads import load_prompts
+    from sdlib.extract.tables import build_tables
+    from sdlib.models.tinymodels import build_models
+    from sdlib.workloads.prompts import load_prompts
 
     paths = build_models(MODELS_DIR)
     method = {"name": a.method, "num_spec_tokens": 3}

@@ -1,10 +1,15 @@
-"""Command line: ``python -m sdlib <command>`` (or ``sdlib <command>`` once installed).
+"""The one command line: ``sdlib <command>`` (the same as ``python -m sdlib <command>``).
 
 Usage:
-    python -m sdlib models                                   # build the embedded tiny models (seconds)
-    python -m sdlib sweep configs/embedded_default.yaml      # run (or resume) a sweep
-    python -m sdlib validate configs/embedded_default.yaml   # check a config, start nothing
-    python -m sdlib status configs/embedded_default.yaml     # cells done / failed / to do
+    sdlib sweep configs/embedded_default.yaml      # run (or resume) a sweep -> data/sweeps/<name>/
+    sdlib validate configs/embedded_default.yaml   # check a config and its paths; start nothing
+    sdlib status configs/embedded_default.yaml     # cells done / failed / to do
+    sdlib models                                   # random-weight tiny models -> .cache/models/
+    sdlib train prepare|fit|check|cards ...        # the trained embedded models -> data/models/
+    sdlib traces --out data/traces/x.jsonl.gz ...  # teacher-forced acceptance traces of our models
+    sdlib codeedit 5                               # print code-edit examples (JSON lines)
+    sdlib schema                                   # every table's columns as Markdown (data/README.md)
+    sdlib selfcheck --method eagle                 # phase timers on a tiny dummy-weight engine
 """
 
 from __future__ import annotations
@@ -14,10 +19,23 @@ import sys
 
 from sdlib.config import ConfigError, load_sweep
 
+DESCRIPTION = ("Measure speculative decoding inside vLLM at real batch sizes: run sweeps into tidy tables, "
+               "make acceptance traces, train the embedded models.")
+
+#: commands that hand the rest of the command line to a stage's own parser (its --help says more)
+DELEGATED = {
+    "train": ("train, check and describe the embedded models (prepare, fit, check, cards)",
+              "sdlib.models.train.cli"),
+    "traces": ("write teacher-forced acceptance traces of our models (JSONL + provenance)", "sdlib.run.traces"),
+    "codeedit": ("print code-edit examples as JSON lines", "sdlib.workloads.codeedit"),
+    "selfcheck": ("time the phases of a tiny dummy-weight engine in this process (phase-timer self-check)",
+                  "sdlib.vllm.selfcheck"),
+}
+
 
 def _models(args) -> int:
+    from sdlib.models.tinymodels import build_models
     from sdlib.paths import MODELS_DIR
-    from sdlib.tinymodels import build_models
 
     paths = build_models(MODELS_DIR, seed=args.seed, force=args.force)
     for k, v in paths.items():
@@ -26,7 +44,7 @@ def _models(args) -> int:
 
 
 def _sweep(args) -> int:
-    from sdlib.sweep import run_sweep
+    from sdlib.run.sweep import run_sweep
 
     overrides = {"results_dir": args.results_dir} if args.results_dir else None
     sweep = load_sweep(args.config, overrides)
@@ -35,7 +53,7 @@ def _sweep(args) -> int:
 
 
 def _validate(args) -> int:
-    from sdlib.sweep import check_paths
+    from sdlib.run.plan import check_paths
 
     sweep = load_sweep(args.config)
     check_paths(sweep)
@@ -44,7 +62,7 @@ def _validate(args) -> int:
 
 
 def _status(args) -> int:
-    from sdlib.storage import SweepStore
+    from sdlib.store import SweepStore
 
     sweep = load_sweep(args.config)
     store = SweepStore(sweep.out_dir)
@@ -57,27 +75,65 @@ def _status(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="sdlib", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("models", help="build the embedded tiny models into .cache/models")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--force", action="store_true", help="rebuild even if present")
-    m.set_defaults(func=_models)
-    s = sub.add_parser("sweep", help="run or resume a sweep")
-    s.add_argument("config")
+def _schema(args) -> int:
+    from sdlib.store.schema import readme_markdown
+
+    print(readme_markdown())
+    return 0
+
+
+def _worker(args) -> int:
+    from sdlib.run.worker import main as worker_main
+
+    return worker_main([args.spec])
+
+
+def _delegate(args) -> int:
+    import importlib
+
+    mod = importlib.import_module(DELEGATED[args.cmd][1])
+    rc = mod.main(args.rest, prog=f"sdlib {args.cmd}")
+    return int(rc or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sdlib import __version__
+
+    ap = argparse.ArgumentParser(prog="sdlib", description=DESCRIPTION,
+                                 epilog="Each command has --help. Docs: README.md, data/README.md.")
+    ap.add_argument("--version", action="version", version=f"sdlib {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="<command>")
+    s = sub.add_parser("sweep", help="run or resume a sweep (skips finished cells)")
+    s.add_argument("config", help="sweep YAML")
     s.add_argument("--results-dir", help="override the config's results_dir")
     s.add_argument("--method", action="append", help="only this method label or name (repeatable)")
     s.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
     s.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
     s.set_defaults(func=_sweep)
     v = sub.add_parser("validate", help="validate a config and its paths; start nothing")
-    v.add_argument("config")
+    v.add_argument("config", help="sweep YAML")
     v.set_defaults(func=_validate)
     st = sub.add_parser("status", help="show done / failed / remaining cells")
-    st.add_argument("config")
+    st.add_argument("config", help="sweep YAML")
     st.set_defaults(func=_status)
-    args = ap.parse_args(argv)
+    m = sub.add_parser("models", help="build random-weight tiny models into .cache/models")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--force", action="store_true", help="rebuild even if present")
+    m.set_defaults(func=_models)
+    sc = sub.add_parser("schema", help="print every table's columns as Markdown (for data/README.md)")
+    sc.set_defaults(func=_schema)
+    for name, (help_, _) in DELEGATED.items():
+        d = sub.add_parser(name, help=help_, add_help=False, prefix_chars="\0")
+        d.add_argument("rest", nargs=argparse.REMAINDER)
+        d.set_defaults(func=_delegate)
+    w = sub.add_parser("worker")  # the engine process a sweep starts (not listed in --help)
+    w.add_argument("spec")
+    w.set_defaults(func=_worker)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as err:

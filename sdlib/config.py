@@ -169,7 +169,7 @@ class EngineConfig:
     enforce_eager: bool = False
     max_num_seqs: Optional[int] = Field(None, ge=1)  # default: the largest batch size
     enable_prefix_caching: bool = False  # the paper turned it off
-    # time drafting / verification / sampling per cell (sdlib.breakdown); runs the engine core
+    # time drafting / verification / sampling per cell (sdlib.vllm.phase_hooks); runs the engine core
     # in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the hooks reach the model runner
     phase_timers: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)

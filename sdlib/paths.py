@@ -21,7 +21,7 @@ CONFIGS_DIR: Path = REPO_ROOT / "configs"
 CACHE_DIR: Path = Path(os.environ.get("SDLIB_CACHE_DIR", REPO_ROOT / ".cache"))
 #: Where the embedded tiny models are built (``python -m sdlib models``).
 MODELS_DIR: Path = CACHE_DIR / "models"
-#: The trained embedded models (``python -m sdlib.train``), committed: ``@trained/<component>``.
+#: The trained embedded models (``sdlib train``), committed: ``@trained/<component>``.
 TRAINED_MODELS_DIR: Path = DATA_DIR / "models"
 #: Default results directory for sweeps: one folder per sweep.
 SWEEPS_DIR: Path = DATA_DIR / "sweeps"
@@ -32,7 +32,7 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 
     ``@trained/target`` expands to the committed trained models (data/models),
     ``@models/target`` to the random-weight embedded models folder and ``@shapes/<name>``
-    to the config-only paper-scale shapes (sdlib.shapes), so configs never carry
+    to the config-only paper-scale shapes (sdlib.models.shapes), so configs never carry
     absolute paths.
     """
     s = str(path)
@@ -44,3 +44,12 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         return CACHE_DIR / "shapes" / s[len("@shapes/"):]
     p = Path(s).expanduser()
     return p if p.is_absolute() else (REPO_ROOT / p)
+
+
+def repo_relative(path: str | os.PathLike[str]) -> str:
+    """``path`` relative to the repo root when it lies inside it (provenance carries no absolute paths)."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)

@@ -1,13 +1,12 @@
-"""sdlib.bleu: BLEU-4 worked by hand, cross-checked with sacrebleu; bins; direction; template stripping."""
+"""sdlib.analysis.bleu: BLEU-4 worked by hand, cross-checked with sacrebleu; bins; direction; template stripping."""
 
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 import sacrebleu
 
-from sdlib.bleu import (binned_relative_speedup, bleu4, bleu_bins, llama3_user_content, measured_bleu_runs,
+from sdlib.analysis.bleu import (binned_relative_speedup, bleu4, bleu_bins, llama3_user_content, measured_bleu_runs,
                         prompt_output_bleu)
 
 

@@ -1,4 +1,4 @@
-"""Phase timers (sdlib.breakdown): fake runners with a fake clock (exact sums), then real engines.
+"""Phase timers (sdlib.vllm.phase_hooks): fake runners with a fake clock (exact sums), then real engines.
 
 Fake runner V1 step, in clock units (powers of two, so float sums are exact):
 execute_model: prep 1 + _model_forward 2 + compute_logits 0.5;
@@ -19,7 +19,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from sdlib import breakdown as B
+from sdlib.analysis import breakdown as A
+from sdlib.extract.tables import phases_frame
+from sdlib.store.schema import columns
+from sdlib.vllm import phase_hooks as H
 
 
 class Clock:
@@ -95,7 +98,7 @@ def _totals(rows):
 def test_v1_wrapping_collect_reset_uninstall():
     clock = Clock()
     r = FakeRunnerV1(clock)
-    t = B.PhaseTimers("perf_counter", clock=clock).install(r, kind="v1")
+    t = H.PhaseTimers("perf_counter", clock=clock).install(r, kind="v1")
     assert not t.missing and not t.failures
     assert t.hooked["verify"] == ["_model_forward", "model.compute_logits"]
     _step(r, 2)
@@ -107,7 +110,7 @@ def test_v1_wrapping_collect_reset_uninstall():
     r.propose_draft_token_ids()
     assert _totals(t.collect())["verify"] == (2, 5.0)
     t.reset()
-    assert {k: v for k, v in _totals(t.collect()).items()} == {p: (0, 0.0) for p in B.PHASES}
+    assert {k: v for k, v in _totals(t.collect()).items()} == {p: (0, 0.0) for p in H.PHASES}
     _step(r, 1)
     assert _totals(t.collect())["step"] == (1, 7.375)
     # only this instance is wrapped; uninstall restores the class methods
@@ -124,24 +127,24 @@ def test_v1_wrapping_collect_reset_uninstall():
 def test_breakdown_table_other_arithmetic():
     clock = Clock()
     r = FakeRunnerV1(clock)
-    t = B.PhaseTimers(clock=clock).install(r, kind="v1")
+    t = H.PhaseTimers(clock=clock).install(r, kind="v1")
     _step(r, 4)
-    ph = B.phases_frame("run-a", t.collect())
-    assert list(ph.columns) == list(B.STEP_PHASES_COLUMNS)
+    ph = phases_frame("run-a", t.collect())
+    assert list(ph.columns) == columns("step_phases")
     runs = pd.DataFrame({"run_id": ["run-a"], "model": ["m"], "method": ["draft_model"],
                          "method_label": ["draft_model-k3"], "batch_size": [1], "dataset": ["d"]})
-    bt = B.breakdown_table(ph, runs)
+    bt = A.breakdown_table(ph, runs)
     row = bt.iloc[0]
     assert row["num_steps"] == 4 and row["step_s"] == 29.5
     assert row["other_s"] == 29.5 - 14.0 - 10.0 - 0.5 == 5.0
     assert row["share_draft"] == 14.0 / 29.5 and row["share_other"] == 5.0 / 29.5
-    assert math.isclose(sum(row[f"share_{p}"] for p in B.SHARE_PHASES), 1.0)
+    assert math.isclose(sum(row[f"share_{p}"] for p in A.SHARE_PHASES), 1.0)
     assert row["step_ms"] == 1000 * 29.5 / 4
     assert row["model"] == "m" and row["batch_size"] == 1
     # pooled over runs: time-weighted, shares still sum to 1
     ph2 = ph.assign(run_id="run-b", total_s=ph["total_s"] * 3)
-    bt2 = B.breakdown_table(pd.concat([ph, ph2]), pd.concat([runs, runs.assign(run_id="run-b")]))
-    pooled = B.pooled_shares(bt2, by=("model", "method_label", "batch_size"))
+    bt2 = A.breakdown_table(pd.concat([ph, ph2]), pd.concat([runs, runs.assign(run_id="run-b")]))
+    pooled = A.pooled_shares(bt2, by=("model", "method_label", "batch_size"))
     assert len(pooled) == 1 and pooled.loc[0, "runs"] == 2
     assert math.isclose(pooled.loc[0, "share_draft"], 14.0 / 29.5)
     assert math.isclose(pooled.loc[0, "step_s"], 4 * 29.5)
@@ -151,18 +154,18 @@ def test_missing_phase_is_reported_not_raised():
     clock = Clock()
     r = FakeRunnerV1(clock)
     r._sample = None  # an instance attribute that is not callable: the hook cannot be installed
-    t = B.PhaseTimers(clock=clock).install(r, kind="v1")
+    t = H.PhaseTimers(clock=clock).install(r, kind="v1")
     assert "sample" in t.missing and t.failures
     r._sample = lambda *a: clock.advance(0.125)
     _step(r, 1)
     got = _totals(t.collect())
     assert math.isnan(got["sample"][1]) and got["step"][1] == 7.375
-    bt = B.breakdown_table(B.phases_frame("x", t.collect()))
+    bt = A.breakdown_table(phases_frame("x", t.collect()))
     assert math.isnan(bt.loc[0, "share_sample"]) and math.isnan(bt.loc[0, "share_other"])
     assert bt.loc[0, "share_verify"] == 2.5 / 7.375
     # an unknown runner: everything missing, nothing raised
-    t2 = B.PhaseTimers().install(object())
-    assert set(t2.missing) == set(B.PHASES)
+    t2 = H.PhaseTimers().install(object())
+    assert set(t2.missing) == set(H.PHASES)
 
 
 class Sampler:  # plain classes with __call__, as the V2 runner's Sampler / RejectionSampler
@@ -221,7 +224,7 @@ class FakeRunnerV2:
 def test_v2_call_hooks_and_no_sd():
     clock = Clock()
     r = FakeRunnerV2(clock)
-    t = B.PhaseTimers(clock=clock).install(r, kind="v2")
+    t = H.PhaseTimers(clock=clock).install(r, kind="v2")
     assert not t.missing and not t.failures, (t.missing, t.failures)
     assert isinstance(r.sampler, Sampler) and type(r.sampler) is not Sampler
     _step(r, 2)
@@ -232,7 +235,7 @@ def test_v2_call_hooks_and_no_sd():
     assert type(r.sampler) is Sampler and type(r.rejection_sampler) is RejectionSampler
 
     r0 = FakeRunnerV2(clock, sd=False)
-    t0 = B.PhaseTimers(clock=clock).install(r0, kind="v2")
+    t0 = H.PhaseTimers(clock=clock).install(r0, kind="v2")
     assert not t0.missing and t0.not_applicable == {"draft"} and not t0.failures
     _step(r0, 1)
     got0 = _totals(t0.collect())
@@ -246,32 +249,32 @@ def test_find_model_runner_chain_and_detection():
         model_executor=SimpleNamespace(execute_model=print, sample_tokens=print,
                                        driver_worker=SimpleNamespace(worker=SimpleNamespace(
                                            execute_model=print, sample_tokens=print, model_runner=runner)))))))
-    assert B.find_model_runner(llm) is runner
-    assert B.find_model_runner(runner) is runner
-    assert B.runner_kind(runner) == "v1" and B.runner_kind(FakeRunnerV2(clock)) == "v2"
+    assert H.find_model_runner(llm) is runner
+    assert H.find_model_runner(runner) is runner
+    assert H.runner_kind(runner) == "v1" and H.runner_kind(FakeRunnerV2(clock)) == "v2"
     # engine core in another process: the chain stops at the client; all missing, no exception
     mp = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(resources=None)))
-    t = B.install_phase_timers(mp)
-    assert set(t.missing) == set(B.PHASES)
+    t = H.install_phase_timers(mp)
+    assert set(t.missing) == set(H.PHASES)
     assert all(math.isnan(r["total_s"]) for r in t.collect())
-    t2 = B.install_phase_timers(llm)
+    t2 = H.install_phase_timers(llm)
     assert t2.runner_kind == "v1" and t2.timer == "perf_counter" and not t2.missing
 
 
 def test_read_step_phases(tmp_path):
-    empty = B.read_step_phases(tmp_path / "nothing")
-    assert empty.empty and list(empty.columns) == list(B.STEP_PHASES_COLUMNS)
-    assert B.breakdown_table(empty).empty
+    empty = A.read_step_phases(tmp_path / "nothing")
+    assert empty.empty and list(empty.columns) == columns("step_phases")
+    assert A.breakdown_table(empty).empty
     d = tmp_path / "sw" / "step_phases"
     d.mkdir(parents=True)
     rows = [{"phase": p, "calls": 3, "total_s": s, "timer": "cuda_event"}
-            for p, s in zip(B.PHASES, (0.25, 1.0, 0.125, 2.0))]
-    B.phases_frame("r1", rows).to_parquet(d / "r1.parquet", index=False)
-    got = B.read_step_phases(tmp_path / "sw")
+            for p, s in zip(H.PHASES, (0.25, 1.0, 0.125, 2.0))]
+    phases_frame("r1", rows).to_parquet(d / "r1.parquet", index=False)
+    got = A.read_step_phases(tmp_path / "sw")
     assert len(got) == 4 and str(got["calls"].dtype) == "Int64"
-    bt = B.breakdown_table(got)
+    bt = A.breakdown_table(got)
     assert bt.loc[0, "other_s"] == 0.625 and bt.loc[0, "timer"] == "cuda_event"
-    assert B.timer_label(bt["timer"]) == "GPU time (CUDA events)"
+    assert A.timer_label(bt["timer"]) == "GPU time (CUDA events)"
 
 
 # real engines --------------------------------------------------------------------------------------
@@ -284,11 +287,11 @@ def _have_vllm() -> bool:
 
 
 def _self_check(method: str, timeout: int = 600) -> dict:
-    """``python -m sdlib.breakdown --method <method>`` in its own process (a tiny dummy-weight engine)."""
+    """``sdlib selfcheck --method <method>`` in its own process (a tiny dummy-weight engine)."""
     from sdlib.paths import REPO_ROOT
 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VLLM_LOGGING_LEVEL": "ERROR"}
-    p = subprocess.run([sys.executable, "-m", "sdlib.breakdown", "--method", method], env=env,
+    p = subprocess.run([sys.executable, "-m", "sdlib", "selfcheck", "--method", method], env=env,
                        capture_output=True, text=True, timeout=timeout, cwd=str(REPO_ROOT))
     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, f"self-check failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
@@ -299,11 +302,11 @@ def _check(res: dict, timer: str, kind: str) -> dict:
     d = res["describe"]
     assert d["runner_kind"] == kind, d
     assert not d["missing"] and not d["failures"], d
-    assert all(d["hooked"][p] for p in B.PHASES), d
+    assert all(d["hooked"][p] for p in H.PHASES), d
     tot = {r["phase"]: r["total_s"] for r in res["rows"]}
     calls = {r["phase"]: r["calls"] for r in res["rows"]}
     assert all(r["timer"] == timer for r in res["rows"])
-    assert calls["step"] > 0 and all(tot[p] > 0 for p in B.PHASES), res["rows"]
+    assert calls["step"] > 0 and all(tot[p] > 0 for p in H.PHASES), res["rows"]
     assert calls["draft"] > 0 and calls["verify"] == calls["step"]
     assert tot["draft"] + tot["verify"] + tot["sample"] <= tot["step"] * (1 + 1e-6), tot
     return tot

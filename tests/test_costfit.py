@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.costfit import fit_joint
+from sdlib.sim.costfit import fit_joint
 
 
 def test_joint_fit_recovers_known_coefficients():

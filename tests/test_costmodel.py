@@ -1,10 +1,10 @@
-"""sdlib.costmodel: the authors' numbers, composition of a step, JSON round trip, fitting."""
+"""sdlib.sim.costmodel: the authors' numbers, composition of a step, JSON round trip, fitting."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.costmodel import AUTHORS_H100_LLAMA8B as A, CostModel, fit_cost_model, get_cost_model
+from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as A, CostModel, fit_cost_model, get_cost_model
 
 TOY = CostModel(name="toy", target_kv_s=0.01, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.001,
                 eagle_n_s=0.02, eagle_fixed_s=0.5, ngram_frac=0.1, overhead_s=0.05)

@@ -1,6 +1,6 @@
 import pytest
 
-from sdlib.driver import drive
+from sdlib.run.driver import drive
 from tests.conftest import FakePrompt
 
 

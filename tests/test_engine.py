@@ -6,14 +6,13 @@ invocations: first only n-gram (an "interrupted" sweep), then everything.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from sdlib.config import parse_sweep
-from sdlib.measures import acceptance_table
+from sdlib.analysis.measures import acceptance_table
 from sdlib.paths import MODELS_DIR
-from sdlib.sweep import run_sweep
+from sdlib.run.sweep import run_sweep
 
 pytestmark = pytest.mark.engine
 
@@ -32,7 +31,7 @@ def _have_vllm() -> bool:
 def sweep_result(tmp_path_factory):
     if not _have_vllm():
         pytest.skip("vLLM is not installed")
-    from sdlib.tinymodels import build_models
+    from sdlib.models.tinymodels import build_models
 
     paths = build_models(MODELS_DIR)
     out = tmp_path_factory.mktemp("sweeps")

@@ -1,6 +1,6 @@
 import pytest
 
-from sdlib.extraction import AlignmentError, align, mean_acceptance_length, steps_from_gains
+from sdlib.extract.acceptance import AlignmentError, align, mean_acceptance_length, steps_from_gains
 
 
 def test_every_step_drafted_detailed():

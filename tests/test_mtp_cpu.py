@@ -15,7 +15,7 @@ import pytest
 
 from sdlib.config import parse_sweep
 from sdlib.paths import MODELS_DIR
-from sdlib.sweep import run_sweep
+from sdlib.run.sweep import run_sweep
 
 pytestmark = pytest.mark.engine
 
@@ -33,7 +33,7 @@ def test_mtp_runs_on_cpu_and_sums_equal_counters(tmp_path):
         import vllm  # noqa: F401
     except Exception:  # noqa: BLE001
         pytest.skip("vLLM is not installed")
-    from sdlib.tinymodels import build_models, read_manifest
+    from sdlib.models.tinymodels import build_models, read_manifest
 
     paths = build_models(MODELS_DIR)  # for the tokenizer
     man = read_manifest(MODELS_DIR)

@@ -1,4 +1,4 @@
-"""sdlib.oracle on hand-made traces whose step sequences are worked out in the comments."""
+"""sdlib.sim.oracle on hand-made traces whose step sequences are worked out in the comments."""
 
 import random
 
@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.costmodel import CostModel
-from sdlib import oracle
-from sdlib.oracle import (Convention, alpha_from_acc_len, alpha_from_mean_acceptance, alpha_from_per_position,
+from sdlib.sim.costmodel import CostModel
+from sdlib.sim import oracle
+from sdlib.sim.oracle import (Convention, alpha_from_acc_len, alpha_from_mean_acceptance, alpha_from_per_position,
                           expected_tokens_per_step, leviathan_speedup, ngram_lookup_lengths, prepare_traces,
                           simulate, simulate_requests)
 
@@ -209,7 +209,7 @@ AUTHORS_CODE_INSTRUCTCODER = [
 
 
 def test_matches_authors_code_on_reference_traces():
-    from sdlib.traces import load_reference_traces
+    from sdlib.sim.traces import load_reference_traces
 
     prep = prepare_traces(load_reference_traces(["instructcoder"]), ngram_lookup=False)
     t = simulate(prep, batch_sizes=[1, 8, 128], proposers=["eagle3", "ngram", "combined"],

@@ -1,4 +1,4 @@
-"""sdlib.ourtraces: offline n-gram traces by hand and against vLLM, per-position model traces, file round trip.
+"""sdlib.run.traces: offline n-gram traces by hand and against vLLM, per-position model traces, file round trip.
 
 Fast tier: hand-made sequences, a brute-force cross-check, a fake LLM for the
 per-position logic. Engine tier (``-m engine``): vLLM's own n-gram function on
@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.oracle import ngram_lookup_lengths, prepare_traces
-from sdlib.ourtraces import (TRACE_KEYS, Greedy, greedy_from_sweep, load_our_traces, mean_acc_len, model_acc_lens,
-                             ngram_acc_len, ngram_propose, ngram_replay, ngram_trace, position_prompts, read_traces,
-                             write_traces)
-from sdlib.traces import read_trace_file
+from sdlib.extract.ngram import (ngram_acc_len, ngram_lookup_lengths, ngram_propose, ngram_replay, ngram_trace)
+from sdlib.run.traces import Greedy, greedy_from_sweep, model_acc_lens, position_prompts
+from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.traces import (TRACE_KEYS, load_our_traces, mean_acc_len, read_trace_file, read_traces,
+                              write_traces)
 
 
 # --------------------------------------------------------------------------- n-gram proposal rule, by hand
@@ -264,9 +264,9 @@ def test_write_read_round_trip(tmp_path):
 
 def test_cli_from_sweep_ngram_only(tmp_path):
     """The CLI end to end without an engine: greedy outputs from a sweep folder, n-gram traces only."""
-    from sdlib.ourtraces import main
-    from sdlib.schema import columns
-    from sdlib.storage import write_parquet_atomic
+    from sdlib.run.traces import main
+    from sdlib.store.schema import columns
+    from sdlib.store import write_parquet_atomic
 
     def table(name, **cols):
         n = len(next(iter(cols.values())))
@@ -279,7 +279,7 @@ def test_cli_from_sweep_ngram_only(tmp_path):
     req = table("requests", run_id=["base", "base"], request_id=["r0", "r1"], prompt_index=[0, 1],
                 finish_reason=["length"] * 2, prompt_token_ids=[json.dumps(p) for p in prompts],
                 output_token_ids=[json.dumps(o) for o in outputs])
-    from sdlib.schema import conform
+    from sdlib.store.schema import conform
 
     write_parquet_atomic(conform("runs", runs), sweep / "runs" / "x.parquet")
     write_parquet_atomic(conform("requests", req), sweep / "requests" / "x.parquet")
@@ -309,7 +309,7 @@ def _need_vllm():
 def models():
     _need_vllm()
     from sdlib.paths import MODELS_DIR
-    from sdlib.tinymodels import build_models
+    from sdlib.models.tinymodels import build_models
 
     return build_models(MODELS_DIR)
 
@@ -319,7 +319,7 @@ def prompts(models):
     from transformers import AutoTokenizer
 
     from sdlib.config import WorkloadConfig
-    from sdlib.workloads import load_prompts
+    from sdlib.workloads.prompts import load_prompts
 
     tok = AutoTokenizer.from_pretrained(str(models["target"]))
     return load_prompts(WorkloadConfig(dataset="code_edit", source="package", num_requests=6,
@@ -347,9 +347,9 @@ def test_offline_ngram_equals_vllm_function_on_random_sequences():
 @pytest.fixture(scope="module")
 def ngram_run(models, prompts):
     """A vLLM n-gram run (k=K) driven step by step, batch size 3, detailed per-request metrics."""
-    from sdlib import vllm_compat as vc
-    from sdlib.driver import drive
-    from sdlib.ourtraces import EngineSettings, close_engine, make_engine
+    from sdlib.vllm import compat as vc
+    from sdlib.run.driver import drive
+    from sdlib.vllm.engine import EngineSettings, close_engine, make_engine
 
     llm = make_engine(models["target"], "ngram", K, settings=EngineSettings(max_num_seqs=8),
                       ngram_min=NGRAM_MIN, ngram_max=NGRAM_MAX)
@@ -363,7 +363,7 @@ def ngram_run(models, prompts):
 
 @pytest.mark.engine
 def test_offline_ngram_replays_every_vllm_step(ngram_run):
-    from sdlib.extraction import steps_from_gains
+    from sdlib.extract.acceptance import steps_from_gains
 
     steps = drafted_steps = acc_agree = full_agree = 0
     for r in ngram_run.requests:
@@ -387,7 +387,7 @@ def test_offline_ngram_replays_every_vllm_step(ngram_run):
             if acc_ok and row["drafted"] == tr.drafted[p]:
                 full_agree += 1
             else:
-                # the only allowed difference: sdlib.extraction.align places a (drafted, 0 accepted) entry
+                # the only allowed difference: sdlib.extract.acceptance.align places a (drafted, 0 accepted) entry
                 # on the earliest one-token step, which need not be the one that drafted
                 assert acc_ok and row["accepted"] == 0, (r.request_id, row, tr.drafted[p], tr.acc_len[p])
     assert steps > 50 and drafted_steps > 10
@@ -397,7 +397,8 @@ def test_offline_ngram_replays_every_vllm_step(ngram_run):
 @pytest.fixture(scope="module")
 def self_draft(models):
     """make_traces end to end: greedy outputs (no-SD engine), n-gram offline, a draft model = the target."""
-    from sdlib.ourtraces import EngineSettings, make_traces
+    from sdlib.run.traces import make_traces
+    from sdlib.vllm.engine import EngineSettings
 
     return make_traces(models["target"].parent, "code_edit", num_requests=4, max_output_tokens=24, k=K,
                        methods=["ngram", "draft_model"], drafters={"draft_model": models["target"]},
@@ -427,7 +428,8 @@ def test_identical_draft_gains_everything(self_draft):
 
 @pytest.mark.engine
 def test_eagle_heads_give_valid_traces(models, self_draft, tmp_path):
-    from sdlib.ourtraces import EngineSettings, make_traces
+    from sdlib.run.traces import make_traces
+    from sdlib.vllm.engine import EngineSettings
 
     ng = self_draft.traces[self_draft.traces.method == "ngram"].head(2)
     greedy = [Greedy(r.request_id, r.prompt_token_ids, r.output_token_ids) for r in ng.itertuples()]
@@ -454,7 +456,7 @@ def test_committed_sweep_ngram_steps_sit_where_the_offline_lookup_drafts():
 
     from sdlib.config import load_sweep
     from sdlib.paths import CONFIGS_DIR, SWEEPS_DIR
-    from sdlib.storage import read_table
+    from sdlib.store import read_table
 
     d = SWEEPS_DIR / "embedded_default"
     runs, req, st = read_table(d, "runs"), read_table(d, "requests"), read_table(d, "steps")

@@ -1,4 +1,4 @@
-from sdlib.plots import _notes, model_note
+from sdlib.plots.titles import _notes, model_note
 
 
 def test_title_notes_say_what_the_models_are():
@@ -13,8 +13,8 @@ def test_title_notes_say_what_the_models_are():
 def test_bleu_bin_panel_draws_one_bar_per_label_and_bin():
     import pandas as pd
 
-    from sdlib.figures import new_figure
-    from sdlib.plots import bleu_bin_panel
+    from sdlib.plots.style import new_figure
+    from sdlib.plots.bleu import bleu_bin_panel
 
     rows = [{"label": lab, "convention": conv, "bin": b, "relative_speedup": 0.1 * i, "num_requests": 3}
             for lab in ("n-gram k=3", "n-gram k=5") for conv in ("corrected", "authors")

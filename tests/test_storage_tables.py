@@ -4,11 +4,11 @@ import pandas as pd
 import pytest
 
 from sdlib.config import parse_sweep
-from sdlib.driver import drive
-from sdlib.measures import acceptance_table, speedup_table
-from sdlib.schema import TABLES, columns
-from sdlib.storage import SweepStore, read_table
-from sdlib.tables import build_tables
+from sdlib.run.driver import drive
+from sdlib.analysis.measures import acceptance_table, speedup_table
+from sdlib.store.schema import TABLES, columns
+from sdlib.store import SweepStore, read_table
+from sdlib.extract.tables import build_tables
 from tests.conftest import FakePrompt
 
 CFG = {
@@ -99,8 +99,8 @@ def test_schema_documented_in_data_readme():
 
 def test_rerun_of_a_finished_sweep_changes_no_file(tmp_path):
     from sdlib.config import parse_sweep
-    from sdlib.storage import SweepStore
-    from sdlib.sweep import run_sweep
+    from sdlib.store import SweepStore
+    from sdlib.run.sweep import run_sweep
 
     model = tmp_path / "m"
     model.mkdir()

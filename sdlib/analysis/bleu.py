@@ -1,0 +1,204 @@
+"""BLEU-4 of a request's prompt vs its output: how much the output copies the prompt (n-gram's best case).
+
+Direction: the prompt is the *reference*, the output the *hypothesis*. BLEU's
+clipped n-gram precisions then measure the share of the output's n-grams found
+in the prompt -- what prompt-lookup (n-gram) drafting can exploit -- and the
+brevity penalty applies when the output is shorter than the prompt. (The paper
+says "prompt/output BLEU-4" without the direction; this is the one that
+measures copying from the prompt.)
+
+Score: nltk ``sentence_bleu`` with uniform 4-gram weights (0.25 each) and
+``SmoothingFunction().method1`` (an n-gram order with no match counts
+``epsilon = 0.1`` matches instead of 0, i.e. sacrebleu's ``smooth_method='floor',
+smooth_value=0.1``), in [0, 1]. Units: token ids as strings when there is no
+tokenizer (the reference traces), whitespace-separated words of the decoded text
+otherwise. For Llama-3 chat prompts, :func:`llama3_user_content` keeps only the
+user message (no system header, no special tokens).
+
+Usage:
+    from sdlib.analysis.bleu import prompt_output_bleu, bleu_bins
+    b = prompt_output_bleu(load_reference_traces(["instructcoder"]))   # dataset, request_id, bleu4, ...
+    b["bin"] = bleu_bins(b.bleu4)                                       # "0.0-0.2" ... "0.8-1.0"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+WEIGHTS = (0.25, 0.25, 0.25, 0.25)
+SMOOTHING = "method1"
+#: Llama-3 special token ids start here (<|begin_of_text|> = 128000)
+LLAMA3_SPECIAL_MIN = 128000
+_LLAMA3_USER_HEADER = (128006, 882, 128007)  # <|start_header_id|>user<|end_header_id|>
+_LLAMA3_EOT = 128009
+_LLAMA3_NL2 = 271  # "\n\n" after a header
+
+
+def _units(x: Any, tokenizer: Any = None) -> list[str]:
+    """Token units for BLEU: text -> whitespace words; ids -> decoded words (tokenizer) or ids as strings."""
+    if isinstance(x, str):
+        return x.split()
+    if tokenizer is not None:
+        return tokenizer.decode(list(map(int, x))).split()
+    return [str(int(t)) for t in x]
+
+
+def bleu4(reference: Any, hypothesis: Any, tokenizer: Any = None, smoothing: Optional[str] = SMOOTHING) -> float:
+    """Sentence BLEU-4 of ``hypothesis`` against one ``reference`` (text or token ids), in [0, 1].
+
+    ``smoothing``: a ``SmoothingFunction`` method name (default ``method1``: zero
+    n-gram matches count 0.1), or None for none (any order without a match -> 0).
+    """
+    ref, hyp = _units(reference, tokenizer), _units(hypothesis, tokenizer)
+    if not hyp or not ref:
+        return 0.0
+    sf = getattr(SmoothingFunction(), smoothing) if smoothing else SmoothingFunction().method0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nltk warns on zero counts without smoothing
+        return float(sentence_bleu([ref], hyp, weights=WEIGHTS, smoothing_function=sf))
+
+
+def llama3_user_content(ids: Sequence[int]) -> list[int]:
+    """The user message of a Llama-3 chat prompt: after the last user header (and its "\\n\\n"), up to <|eot_id|>.
+
+    Without a user header: the ids with special tokens (>= 128000) dropped.
+    """
+    ids = list(map(int, ids))
+    h = len(_LLAMA3_USER_HEADER)
+    start = None
+    for i in range(len(ids) - h, -1, -1):
+        if tuple(ids[i:i + h]) == _LLAMA3_USER_HEADER:
+            start = i + h
+            break
+    if start is None:
+        return [t for t in ids if t < LLAMA3_SPECIAL_MIN]
+    if start < len(ids) and ids[start] == _LLAMA3_NL2:
+        start += 1
+    end = ids.index(_LLAMA3_EOT, start) if _LLAMA3_EOT in ids[start:] else len(ids)
+    return [t for t in ids[start:end] if t < LLAMA3_SPECIAL_MIN]
+
+
+def strip_special(ids: Sequence[int]) -> list[int]:
+    """Drop Llama-3 special tokens (e.g. the output's trailing <|eot_id|>)."""
+    return [int(t) for t in ids if int(t) < LLAMA3_SPECIAL_MIN]
+
+
+def prompt_output_bleu(traces: pd.DataFrame, tokenizer: Any = None, llama3_template: bool = True) -> pd.DataFrame:
+    """BLEU-4 (reference = prompt, hypothesis = output) per request of long-form traces.
+
+    ``llama3_template``: keep only the user message of the prompt and drop special
+    tokens from the output (the reference traces are Llama-3 chat prompts).
+    Returns one row per (dataset, request_id): bleu4, prompt_tokens, output_tokens
+    (as compared).
+    """
+    first = traces.drop_duplicates(["dataset", "request_id"])
+    rows = []
+    for r in first.itertuples(index=False):
+        p = llama3_user_content(r.prompt_token_ids) if llama3_template else list(r.prompt_token_ids)
+        o = strip_special(r.output_token_ids) if llama3_template else list(r.output_token_ids)
+        rows.append({"dataset": r.dataset, "request_id": str(r.request_id), "bleu4": bleu4(p, o, tokenizer),
+                     "prompt_tokens": len(p), "output_tokens": len(o)})
+    return pd.DataFrame(rows)
+
+
+def bleu_bins(values, width: float = 0.2) -> pd.Categorical:
+    """Bin labels ``"0.0-0.2"``, ..., ``"0.8-1.0"`` (left-closed; 1.0 goes in the last bin), ordered."""
+    n = int(round(1.0 / width))
+    edges = np.round(np.linspace(0.0, 1.0, n + 1), 10)
+    labels = [f"{edges[i]:.1f}-{edges[i + 1]:.1f}" if width >= 0.1 else f"{edges[i]:.2f}-{edges[i + 1]:.2f}"
+              for i in range(n)]
+    v = np.clip(np.asarray(values, dtype=float), 0.0, 1.0)
+    idx = np.minimum(np.floor(v / width + 1e-9).astype(int), n - 1)
+    return pd.Categorical.from_codes(idx, categories=labels, ordered=True)
+
+
+def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, reference_label: str,
+                            label_col: str = "label", width: float = 0.2) -> pd.DataFrame:
+    """Per BLEU bin: mean throughput of each label / mean throughput of ``reference_label`` - 1.
+
+    ``per_request``: dataset, request_id, ``label_col``, sd_tok_per_s (one row per
+    request and label, e.g. from :func:`sdlib.sim.oracle.simulate_requests`);
+    ``bleu``: dataset, request_id, bleu4. Returns dataset, bin, label, num_requests,
+    tok_per_s, ref_tok_per_s, relative_speedup (0.5 = +50%).
+    """
+    d = per_request.merge(bleu[["dataset", "request_id", "bleu4"]], on=["dataset", "request_id"])
+    d["bin"] = bleu_bins(d["bleu4"], width)
+    g = d.groupby(["dataset", "bin", label_col], observed=True)["sd_tok_per_s"].agg(["mean", "size"]).reset_index()
+    ref = g[g[label_col] == reference_label][["dataset", "bin", "mean"]].rename(columns={"mean": "ref_tok_per_s"})
+    out = g[g[label_col] != reference_label].merge(ref, on=["dataset", "bin"])
+    out = out.rename(columns={"mean": "tok_per_s", "size": "num_requests", label_col: "label"})
+    out["relative_speedup"] = out["tok_per_s"] / out["ref_tok_per_s"] - 1.0
+    return out[["dataset", "bin", "label", "num_requests", "tok_per_s", "ref_tok_per_s", "relative_speedup"]]
+
+
+def _not_meaningful(sweep_dir: Path) -> str:
+    """Why a sweep's acceptance cannot be related to BLEU ('' if it can): synthetic or random."""
+    import json
+
+    p = Path(sweep_dir) / "provenance.json"
+    if not p.exists():
+        return ""
+    prov = json.loads(p.read_text())
+    if any("synthetic" in json.dumps(m.get("options", {})) for m in prov.get("config", {}).get("methods", [])):
+        return "synthetic acceptance (does not depend on prompt/output overlap)"
+    cards = [c for inv in prov.get("invocations", []) for c in inv.get("models", {}).values()]
+    if any(c.get("random_weights") for c in cards):
+        return "random-weight models (acceptance is not about overlap)"
+    return ""
+
+
+def measured_bleu_runs(sweeps_dir: Path, prompt_ids: Optional[Callable[[pd.DataFrame], pd.Series]] = None,
+                       methods: Sequence[str] = ("ngram", "eagle", "eagle3")) -> tuple[pd.DataFrame, str]:
+    """Measured per-request throughput with BLEU-4, from sweep folders that ran n-gram and EAGLE.
+
+    Looks in every ``<sweeps_dir>/<sweep>/`` for ``runs`` and ``requests`` tables
+    (``sdlib.store.sweep_store`` layout) with ``output_token_ids``. BLEU needs the prompt's
+    token ids: a ``prompt_token_ids`` column in ``requests`` or ``prompt_ids(requests)``
+    returning them. Returns (rows: dataset, request_id, label, batch_size,
+    sd_tok_per_s, bleu4 ; a sentence saying what was found or why nothing).
+    """
+    from sdlib.store import read_table
+
+    empty = pd.DataFrame(columns=["dataset", "request_id", "label", "batch_size", "sd_tok_per_s", "bleu4"])
+    sweeps = sorted(p for p in Path(sweeps_dir).glob("*") if (p / "requests").is_dir() and (p / "runs").is_dir())
+    if not sweeps:
+        return empty, f"no sweep with runs and requests tables under {sweeps_dir}"
+    frames, why = [], []
+    for s in sweeps:
+        skip = _not_meaningful(s)
+        if skip:
+            why.append(f"{s.name}: {skip}")
+            continue
+        runs, req = read_table(s, "runs"), read_table(s, "requests")
+        runs = runs[runs["method"].isin(methods)]
+        if runs["method"].nunique() < 2 or not runs["method"].eq("ngram").any():
+            why.append(f"{s.name}: no n-gram and EAGLE rows")
+            continue
+        req = req.merge(runs[["run_id", "method_label", "method", "dataset", "batch_size"]], on="run_id")
+        req = req[req["output_token_ids"].notna()]
+        if "prompt_token_ids" in req:
+            pids = req["prompt_token_ids"]
+        elif prompt_ids is not None:
+            pids = prompt_ids(req)
+        else:
+            why.append(f"{s.name}: requests carry no prompt token ids")
+            continue
+        import json
+
+        out_ids = req["output_token_ids"].map(lambda x: json.loads(x) if isinstance(x, str) else list(x))
+        pids = pids.map(lambda x: json.loads(x) if isinstance(x, str) else list(x))
+        b = [bleu4(strip_special(p), strip_special(o)) for p, o in zip(pids, out_ids)]
+        frames.append(pd.DataFrame({
+            "dataset": req["dataset"].astype(str).values, "request_id": req["prompt_index"].astype(str).values,
+            "label": req["method_label"].astype(str).values, "batch_size": req["batch_size"].astype(int).values,
+            "sd_tok_per_s": (req["output_tokens"] / req["latency_s"]).astype(float).values, "bleu4": b}))
+    if not frames:
+        return empty, "; ".join(why)
+    return pd.concat(frames, ignore_index=True), f"{len(frames)} sweep(s) with n-gram and EAGLE requests"

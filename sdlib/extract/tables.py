@@ -1,0 +1,153 @@
+"""Turn one cell's drive result and counters into the tidy tables of sdlib.store.schema.
+
+Pure pandas (no vLLM), so it is tested on synthetic records.
+
+Usage:
+    from sdlib.extract.tables import build_tables
+    tables = build_tables(cell, result, counters, sweep="s", started_at="...")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pandas as pd
+
+from sdlib.extract.acceptance import AlignmentError, steps_from_gains
+from sdlib.store.schema import columns, conform
+
+log = logging.getLogger(__name__)
+
+
+def _ngram_drafted_at(cell, r):
+    """``position -> bool``: whether vLLM's n-gram proposer drafted at that output position.
+
+    Recomputed exactly from the prompt and the output (:func:`sdlib.run.traces.ngram_trace`, which
+    agrees with vLLM's per-step acceptance on every step checked); None if the ids are missing.
+    """
+    from sdlib.run.traces import ngram_trace
+
+    prompt = list(getattr(r, "prompt_token_ids", None) or [])
+    out = list(getattr(r, "token_ids", None) or [])
+    if not prompt or not out:
+        return None
+    spec = cell.method.speculative_config() or {}
+    tr = ngram_trace(prompt, out, k=cell.method.k, nmin=int(spec.get("prompt_lookup_min", 3)),
+                     nmax=int(spec.get("prompt_lookup_max", 7)), max_model_len=cell.model.max_model_len)
+    drafted = tr.drafted
+    return lambda p: 0 <= p < len(drafted) and drafted[p] > 0
+
+
+def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at: str,
+                 detailed_requested: bool) -> dict[str, pd.DataFrame]:
+    """``{"runs", "requests", "steps", "engine_steps"}`` DataFrames for one cell."""
+    run_id = cell.run_id
+    k = cell.method.k
+    always = cell.method.name not in ("ngram",)
+    req_rows, step_rows = [], []
+    sched: dict[int, Any] = {}  # engine step -> tokens the target processed
+    sources = set()
+    for r in result.requests:
+        detailed = r.detailed if detailed_requested else None
+        drafted_at = _ngram_drafted_at(cell, r) if (detailed is not None and not always) else None
+        try:
+            try:
+                rows = steps_from_gains(r.gains, detailed, k=k, drafter_always_proposes=always,
+                                        drafted_at=drafted_at) if k else []
+            except AlignmentError as err:
+                if drafted_at is None:
+                    raise
+                log.warning("%s %s: n-gram steps recomputed offline do not fit vLLM's (%s); placing "
+                            "zero-acceptance entries at the earliest fit", run_id, r.request_id, err)
+                rows = steps_from_gains(r.gains, detailed, k=k, drafter_always_proposes=always)
+            if k:
+                sources.add("detailed" if detailed is not None else "delta")
+        except AlignmentError as err:
+            log.warning("%s %s: detailed metrics do not align (%s); using tokens gained", run_id, r.request_id, err)
+            rows = steps_from_gains(r.gains, None, k=k, drafter_always_proposes=always)
+            sources.add("delta")
+        # prefill: the whole prompt is processed in the step that produced the first token
+        if r.gain_steps and sched.get(r.gain_steps[0], 0) is not None:
+            sched[r.gain_steps[0]] = sched.get(r.gain_steps[0], 0) + r.prompt_tokens
+        for row in rows:
+            es = r.gain_steps[row["step"] + 1] if row["step"] + 1 < len(r.gain_steps) else None
+            step_rows.append({"run_id": run_id, "request_id": r.request_id, "engine_step": es, **row})
+            if es is not None:
+                if row["drafted"] is None or sched.get(es, 0) is None:
+                    sched[es] = None
+                else:
+                    sched[es] = sched.get(es, 0) + 1 + row["drafted"]
+        if not k:  # no SD: every decode step processes one token per request
+            for es in r.gain_steps[1:]:
+                if sched.get(es, 0) is not None:
+                    sched[es] = sched.get(es, 0) + 1
+        drafted = [row["drafted"] for row in rows]
+        req_rows.append({
+            "run_id": run_id,
+            "request_id": r.request_id,
+            "prompt_index": r.prompt_index,
+            "batch_index": r.batch_index,
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": len(r.token_ids),
+            "finish_reason": r.finish_reason,
+            "arrival_s": r.arrival_s,
+            "first_token_s": r.first_token_s,
+            "finish_s": r.finish_s,
+            "latency_s": (r.finish_s - r.arrival_s) if r.finish_s is not None else None,
+            "ttft_s": (r.first_token_s - r.arrival_s) if r.first_token_s is not None else None,
+            "num_steps": len(rows),
+            "num_drafted": None if any(d is None for d in drafted) else sum(drafted),
+            "num_accepted": sum(row["accepted"] for row in rows),
+            "prompt_token_ids": json.dumps(r.prompt_token_ids),
+            "output_token_ids": json.dumps(r.token_ids),
+        })
+    eng_rows = [{"run_id": run_id, **vars(s), "num_scheduled_tokens": sched.get(s.engine_step, 0)}
+                for s in result.steps]
+    out_tokens = sum(len(r.token_ids) for r in result.requests)
+    runs = pd.DataFrame([{
+        "run_id": run_id,
+        "sweep": sweep,
+        "model": cell.model.name,
+        "method": cell.method.name,
+        "method_label": cell.method.label,
+        "num_spec_tokens": k,
+        "dataset": cell.workload.dataset,
+        "batch_size": cell.batch_size,
+        "batch_mode": cell.batch_mode,
+        "repeat": cell.repeat,
+        "num_requests": len(result.requests),
+        "output_tokens": out_tokens,
+        "wall_s": result.wall_s,
+        "window_s": result.window_s,
+        "window_output_tokens": result.window_output_tokens,
+        "tok_per_s": result.tok_per_s,
+        "tok_per_s_total": out_tokens / result.wall_s if result.wall_s > 0 else float("nan"),
+        "num_engine_steps": len(result.steps),
+        "counter_num_drafts": counters["num_drafts"],
+        "counter_num_draft_tokens": counters["num_draft_tokens"],
+        "counter_num_accepted_tokens": counters["num_accepted_tokens"],
+        "counter_accepted_per_pos": json.dumps(counters["accepted_per_pos"]),
+        "acceptance_source": "none" if not k else ("+".join(sorted(sources)) or "none"),
+        "status": "ok",
+        "started_at": started_at,
+    }])
+    steps = pd.DataFrame(step_rows, columns=columns("steps"))
+    return {
+        "runs": conform("runs", runs),
+        "requests": conform("requests", pd.DataFrame(req_rows, columns=_cols("requests"))),
+        "steps": conform("steps", steps),
+        "engine_steps": conform("engine_steps", pd.DataFrame(eng_rows, columns=_cols("engine_steps"))),
+    }
+
+
+def _cols(table: str) -> list[str]:
+    return columns(table)
+
+
+def phases_frame(run_id: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One cell's timer rows (:meth:`sdlib.vllm.phase_hooks.PhaseTimers.collect`) as a typed ``step_phases`` frame."""
+    df = pd.DataFrame(rows, columns=columns("step_phases")[1:])
+    df.insert(0, "run_id", run_id)
+    return conform("step_phases", df)

@@ -1,0 +1,1 @@
+"""Training the embedded tiny models (``sdlib train``)."""

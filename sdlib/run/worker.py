@@ -1,0 +1,143 @@
+"""The engine process: one vLLM engine for one (model, method), every cell of that group.
+
+Started by :mod:`sdlib.run.sweep` as ``python -m sdlib worker <spec.json>`` so that
+memory is released and a crash is contained. Each finished cell is written at
+once (atomically); a failing cell is recorded and the next one runs; if the
+engine itself dies, the remaining cells are recorded as failed.
+
+Spec JSON: ``{"sweep": <SweepConfig dict>, "run_ids": [...], "env_out": <path>}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from sdlib.config import parse_sweep
+from sdlib.store import SweepStore, utc_now, write_json_atomic
+
+log = logging.getLogger("sdlib.run.worker")
+
+
+def _environment(llm) -> dict[str, Any]:
+    from sdlib.vllm import compat as vc
+
+    import torch
+
+    return {
+        "vllm_version": vc.vllm_version(),
+        "torch_version": torch.__version__,
+        "device": vc.device_name(),
+        "detailed_metrics": vc.has_detailed_metrics(),
+        "kv_cache_capacity_tokens": vc.kv_cache_capacity_tokens(llm),
+        "python": sys.version.split()[0],
+    }
+
+
+def run_group(spec: dict[str, Any]) -> int:
+    """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
+    from sdlib.vllm import compat as vc
+    from sdlib.vllm.phase_hooks import phases_frame
+    from sdlib.run.driver import drive
+    from sdlib.extract.tables import build_tables
+    from sdlib.workloads.prompts import load_prompts
+
+    sweep = parse_sweep(spec["sweep"])
+    wanted = set(spec["run_ids"])
+    cells = [c for c in sweep.cells() if c.run_id in wanted]
+    if not cells:
+        return 0
+    store = SweepStore(sweep.out_dir)
+    model, method = cells[0].model, cells[0].method
+    max_batch = max(c.batch_size for c in cells)
+    detailed = method.k > 0 and vc.has_detailed_metrics()
+    if sweep.engine.phase_timers:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must reach the model runner
+    t = time.perf_counter()
+    llm = vc.make_llm(model, method, sweep.engine, max_batch=max_batch, seed=sweep.seed, detailed=detailed)
+    engine_start_s = time.perf_counter() - t
+    timers = None
+    if sweep.engine.phase_timers:
+        from sdlib.vllm.phase_hooks import install_phase_timers
+
+        timers = install_phase_timers(llm)
+    env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name, "method": method.label,
+           "in_process_engine": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
+           "phase_timers": timers.describe() if timers is not None else None}
+    if spec.get("env_out"):
+        write_json_atomic(env, Path(spec["env_out"]))
+    tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
+    engine = llm.llm_engine
+    prompts_cache: dict[str, list] = {}
+    dead = None
+    bar = tqdm(cells, desc=f"{model.name} / {method.label}", unit="cell", file=sys.stderr)
+    for cell in bar:
+        if dead is not None:
+            store.write_failure(cell.run_id, _fail_info(cell, f"engine died earlier in this process: {dead}"))
+            continue
+        bar.set_postfix_str(f"{cell.workload.dataset} bs={cell.batch_size} r={cell.repeat}")
+        try:
+            wl = cell.workload
+            if wl.label not in prompts_cache:
+                need = max(c.num_requests for c in cells if c.workload.label == wl.label)
+                prompts_cache[wl.label] = load_prompts(dataclasses.replace(wl, num_requests=need), tokenizer)
+            pool = prompts_cache[wl.label]
+            if not pool:
+                raise RuntimeError(f"workload {wl.label}: no prompts")
+            # closed loop with requests_per_slot: reuse prompts in order when more requests are needed
+            n_req = cell.num_requests if cell.batch_mode == "closed_loop" else len(pool)
+            prompts = [pool[i % len(pool)] for i in range(max(n_req, 1))]
+
+            def params(p, wl=wl):
+                mt = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
+                return vc.delta_sampling_params(mt, wl.temperature, wl.seed, wl.ignore_eos)
+
+            if cell.warmup_requests:
+                warm = prompts[: cell.warmup_requests]
+                drive(engine, warm, min(cell.batch_size, len(warm)), params, id_prefix=f"warm-{cell.run_id}-")
+            started_at = utc_now()
+            if timers is not None:
+                timers.reset()
+            before = vc.read_spec_counters(llm)
+            n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
+            with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
+                result = drive(engine, prompts, cell.batch_size, params, mode=cell.batch_mode,
+                               spec_metrics=vc.request_spec_metrics, progress=pbar)
+            counters = vc.diff_counters(vc.read_spec_counters(llm), before)
+            tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
+                                  detailed_requested=detailed)
+            tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
+            store.write_cell(cell.run_id, tables)
+        except Exception as err:  # noqa: BLE001 - record and go on
+            store.write_failure(cell.run_id, _fail_info(cell, f"{type(err).__name__}: {err}",
+                                                         traceback.format_exc()))
+            tqdm.write(f"FAILED {cell.run_id}: {type(err).__name__}: {err}", file=sys.stderr)
+            if type(err).__name__ in ("EngineDeadError", "EngineGenerateError"):
+                dead = f"{type(err).__name__}: {err}"
+    return 0 if dead is None else 3
+
+
+def _fail_info(cell, error: str, tb: str = "") -> dict[str, Any]:
+    return {"model": cell.model.name, "method_label": cell.method.label, "dataset": cell.workload.dataset,
+            "batch_size": cell.batch_size, "repeat": cell.repeat, "error": error, "traceback": tb}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: sdlib worker <spec.json>", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("SDLIB_LOG_LEVEL", "WARNING"))
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    return run_group(spec)
+

@@ -1,0 +1,49 @@
+"""Provenance facts every writer records: the time, the git commit.
+
+Usage:
+    from sdlib.store.provenance import git_commit, utc_now
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import subprocess
+from pathlib import Path
+
+from sdlib.paths import REPO_ROOT
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit(repo: Path = REPO_ROOT) -> str:
+    """The repo's HEAD commit, with ``-dirty`` if the tree has changes; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("SDLIB_GIT_COMMIT", "unknown")
+
+
+def device_name() -> str:
+    """A human-readable device name: the GPU's, or the CPU model."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "CPU: " + (platform.processor() or platform.machine())

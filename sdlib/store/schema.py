@@ -1,0 +1,121 @@
+"""The tidy tables a sweep writes: names, columns, dtypes and meanings (one source of truth).
+
+``data/README.md`` documents the same tables; ``tests/test_schema.py`` checks they agree.
+
+Usage:
+    from sdlib.store.schema import TABLES, conform
+    df = conform("runs", df)   # column order and dtypes as below; missing columns -> error
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+#: Phases of the ``step_phases`` table, as the timers of :mod:`sdlib.vllm.phase_hooks` name them.
+STEP_PHASES = ("draft", "verify", "sample", "step")
+#: Values of ``step_phases.timer``: GPU stream time between CUDA events, or CPU wall time.
+TIMERS = ("cuda_event", "perf_counter")
+
+# table -> list of (column, pandas dtype, meaning with unit)
+TABLES: dict[str, list[tuple[str, str, str]]] = {
+    "runs": [
+        ("run_id", "string", "unique id of the cell: model, method, dataset, batch size, repeat, config hash"),
+        ("sweep", "string", "sweep name"),
+        ("model", "string", "target model name"),
+        ("method", "string", "SD method: none, ngram, eagle, eagle3, draft_model, mtp"),
+        ("method_label", "string", "method with its k, e.g. ngram-k3"),
+        ("num_spec_tokens", "Int64", "k, tokens proposed per step (0 without SD)"),
+        ("dataset", "string", "workload name"),
+        ("batch_size", "Int64", "B: requests in flight (closed_loop) or copies of one prompt (paper)"),
+        ("batch_mode", "string", "closed_loop or paper"),
+        ("repeat", "Int64", "repeat index, 0-based"),
+        ("num_requests", "Int64", "requests measured (warm-up excluded)"),
+        ("output_tokens", "Int64", "output tokens of the measured requests"),
+        ("wall_s", "float64", "wall time from first admission to last completion, s"),
+        ("window_s", "float64", "steady window length, s (closed_loop: B in flight; paper: sum of batch durations)"),
+        ("window_output_tokens", "Int64", "output tokens produced inside the steady window"),
+        ("tok_per_s", "float64", "output tokens/s over the steady window (paper mode: mean over batches)"),
+        ("tok_per_s_total", "float64", "output_tokens / wall_s"),
+        ("num_engine_steps", "Int64", "engine steps taken for the measured requests"),
+        ("counter_num_drafts", "Int64", "vLLM vllm:spec_decode_num_drafts, differenced over the cell"),
+        ("counter_num_draft_tokens", "Int64", "vLLM vllm:spec_decode_num_draft_tokens, differenced"),
+        ("counter_num_accepted_tokens", "Int64", "vLLM vllm:spec_decode_num_accepted_tokens, differenced"),
+        ("counter_accepted_per_pos", "string", "vLLM ..._num_accepted_tokens_per_pos, differenced, JSON list"),
+        ("acceptance_source", "string", "where steps came from: detailed (vLLM per-request metrics) or delta"),
+        ("status", "string", "ok"),
+        ("started_at", "string", "UTC ISO time the cell started"),
+    ],
+    "requests": [
+        ("run_id", "string", "cell id (runs.run_id)"),
+        ("request_id", "string", "request id inside the cell"),
+        ("prompt_index", "Int64", "index of the prompt in the workload sample"),
+        ("batch_index", "Int64", "paper mode: which batch (prompt); closed_loop: admission order"),
+        ("prompt_tokens", "Int64", "prompt length, tokens"),
+        ("output_tokens", "Int64", "output length, tokens"),
+        ("finish_reason", "string", "stop or length"),
+        ("arrival_s", "float64", "admission time since the cell's start, s"),
+        ("first_token_s", "float64", "time of the first output token since the cell's start, s"),
+        ("finish_s", "float64", "completion time since the cell's start, s"),
+        ("latency_s", "float64", "finish - arrival, s"),
+        ("ttft_s", "float64", "time to first token, s"),
+        ("num_steps", "Int64", "verify steps (decode steps after the prefill)"),
+        ("num_drafted", "Int64", "tokens drafted over the request (null if unknown)"),
+        ("num_accepted", "Int64", "tokens accepted over the request"),
+        ("prompt_token_ids", "string", "the prompt as sent, JSON list of token ids"),
+        ("output_token_ids", "string", "the output, JSON list of token ids"),
+    ],
+    "steps": [
+        ("run_id", "string", "cell id"),
+        ("request_id", "string", "request id"),
+        ("step", "Int64", "verify step index within the request, 0-based (prefill not counted)"),
+        ("engine_step", "Int64", "engine step of the cell in which this verify step ran (engine_steps.engine_step)"),
+        ("position", "Int64", "output tokens the request had when the step started"),
+        ("drafted", "Int64", "tokens drafted for this step (null if the source cannot tell)"),
+        ("accepted", "Int64", "draft tokens accepted in this step"),
+    ],
+    "engine_steps": [
+        ("run_id", "string", "cell id"),
+        ("engine_step", "Int64", "engine step index within the cell"),
+        ("start_s", "float64", "step start since the cell's start, s"),
+        ("duration_s", "float64", "wall time of LLMEngine.step(), s"),
+        ("num_running", "Int64", "requests that produced output in this step"),
+        ("num_new_tokens", "Int64", "output tokens produced in this step, all requests"),
+        ("num_context_tokens", "Int64", "prompt + output tokens held by the running requests at step start"),
+        ("num_scheduled_tokens", "Int64", "tokens the target processed: prompts prefilled + (1 + drafted) per verify (null if drafted unknown)"),
+        ("in_window", "boolean", "step lies inside the steady window"),
+    ],
+    "step_phases": [
+        ("run_id", "string", "cell id (runs.run_id)"),
+        ("phase", "string", "draft, verify, sample or step (sdlib.vllm.phase_hooks); other = step - draft - verify - sample"),
+        ("calls", "Int64", "timed calls (step: execute_model calls)"),
+        ("total_s", "float64", "time inside the phase over the measured requests, s; NaN if not hooked"),
+        ("timer", "string", "cuda_event (GPU stream time) or perf_counter (CPU wall time)"),
+    ],
+}
+
+def columns(table: str) -> list[str]:
+    """Column names of ``table`` in order."""
+    return [c for c, _, _ in TABLES[table]]
+
+
+def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns."""
+    missing = [c for c in columns(table) if c not in df.columns]
+    if missing:
+        raise KeyError(f"{table}: missing columns {missing}")
+    out = df[columns(table)].copy()
+    for c, dtype, _ in TABLES[table]:
+        out[c] = out[c].astype(dtype)
+    return out.reset_index(drop=True)
+
+
+def markdown(table: str) -> str:
+    """The table's columns as a Markdown table (used to write data/README.md)."""
+    lines = ["| column | type | meaning |", "| --- | --- | --- |"]
+    lines += [f"| `{c}` | {t} | {m} |" for c, t, m in TABLES[table]]
+    return "\n".join(lines)
+
+
+def readme_markdown() -> str:
+    """Every table as Markdown (``sdlib schema`` prints it for data/README.md)."""
+    return "\n".join(f"### `{name}`\n\n{markdown(name)}\n" for name in TABLES)

@@ -1,0 +1,171 @@
+"""Everything that depends on the installed vLLM version, in one place.
+
+Checked against vLLM 0.32.0 (CPU build; has per-request detailed spec-decode
+metrics) and 0.26.0 (GPU bundle; has not). Nothing else in sdlib imports vLLM
+internals.
+
+Usage:
+    from sdlib.vllm import compat as vc
+    llm = vc.make_llm(model_cfg, method_cfg, engine_cfg, max_batch=16, seed=0)
+    before = vc.read_spec_counters(llm)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+# Counter names in llm.get_metrics(); per_pos is a Vector metric.
+COUNTER_NAMES = {
+    "num_drafts": "vllm:spec_decode_num_drafts",
+    "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_version() -> str:
+    """The installed vLLM version string (imports vLLM)."""
+    import vllm
+
+    return vllm.__version__
+
+
+@functools.lru_cache(maxsize=1)
+def has_detailed_metrics() -> bool:
+    """True when vLLM can attach per-request per-step acceptance (>= 0.29)."""
+    try:
+        from vllm.config.observability import ObservabilityConfig
+    except ImportError:
+        return False
+    return any(f.name == "per_request_spec_decode_metrics" for f in dataclasses.fields(ObservabilityConfig))
+
+
+def llm_kwargs(model, method, engine, max_batch: int, seed: int, detailed: Optional[bool] = None) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` from sdlib configs.
+
+    ``detailed``: ask for per-request per-step acceptance (default: when SD is on
+    and the installed vLLM has it).
+    """
+    kw: dict[str, Any] = dict(
+        model=model.resolved_path,
+        dtype=model.dtype,
+        tensor_parallel_size=model.tensor_parallel_size,
+        load_format=model.load_format,
+        max_model_len=model.max_model_len,
+        skip_tokenizer_init=model.skip_tokenizer_init,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        enforce_eager=engine.enforce_eager,
+        max_num_seqs=engine.max_num_seqs or max(max_batch, 1),
+        enable_prefix_caching=engine.enable_prefix_caching,
+        disable_log_stats=False,  # needed for llm.get_metrics()
+        seed=seed,
+    )
+    if model.tokenizer:
+        from sdlib.paths import resolve
+
+        p = resolve(model.tokenizer)
+        kw["tokenizer"] = str(p) if p.exists() else model.tokenizer
+    spec = method.speculative_config()
+    if spec is not None:
+        kw["speculative_config"] = spec
+        if detailed is None:
+            detailed = has_detailed_metrics()
+        if detailed:
+            kw["per_request_spec_decode_metrics"] = "detailed"
+    kw.update(engine.extra)
+    return kw
+
+
+def make_llm(model, method, engine, max_batch: int, seed: int, detailed: Optional[bool] = None):
+    """Build ``vllm.LLM`` for one (model, method)."""
+    from vllm import LLM
+
+    return LLM(**llm_kwargs(model, method, engine, max_batch, seed, detailed))
+
+
+def delta_sampling_params(max_tokens: int, temperature: float, seed: int, ignore_eos: bool):
+    """SamplingParams that stream only the new tokens of each engine step (DELTA)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed if temperature > 0 else None,
+        ignore_eos=ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=False,
+    )
+
+
+def token_prompt(token_ids: list[int]) -> dict[str, Any]:
+    """A prompt given as token ids (works with ``skip_tokenizer_init``)."""
+    return {"prompt_token_ids": list(map(int, token_ids))}
+
+
+def read_spec_counters(llm_or_engine) -> dict[str, Any]:
+    """vLLM's aggregate spec-decode counters now (summed over engines/labels).
+
+    Returns ``{"num_drafts": int, "num_draft_tokens": int, "num_accepted_tokens": int,
+    "accepted_per_pos": list[int]}``; zeros when SD is off.
+    """
+    metrics = llm_or_engine.get_metrics()
+    out: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+    names = {v: k for k, v in COUNTER_NAMES.items()}
+    for m in metrics:
+        key = names.get(m.name)
+        if key is None:
+            continue
+        if key == "accepted_per_pos":
+            vals = list(getattr(m, "values", []))
+            acc = out["accepted_per_pos"]
+            if len(acc) < len(vals):
+                acc.extend([0] * (len(vals) - len(acc)))
+            for i, v in enumerate(vals):
+                acc[i] += int(v)
+        else:
+            out[key] += int(getattr(m, "value", 0))
+    return out
+
+
+def diff_counters(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """``after - before`` for counters from :func:`read_spec_counters`."""
+    n = max(len(after["accepted_per_pos"]), len(before["accepted_per_pos"]))
+    a = after["accepted_per_pos"] + [0] * (n - len(after["accepted_per_pos"]))
+    b = before["accepted_per_pos"] + [0] * (n - len(before["accepted_per_pos"]))
+    return {
+        "num_drafts": after["num_drafts"] - before["num_drafts"],
+        "num_draft_tokens": after["num_draft_tokens"] - before["num_draft_tokens"],
+        "num_accepted_tokens": after["num_accepted_tokens"] - before["num_accepted_tokens"],
+        "accepted_per_pos": [x - y for x, y in zip(a, b)],
+    }
+
+
+def request_spec_metrics(completion) -> Optional[tuple[list[int], list[int]]]:
+    """Per-request ordered (drafted, accepted) per verify step with drafts, or None.
+
+    vLLM >= 0.29 with ``per_request_spec_decode_metrics="detailed"`` attaches
+    ``spec_decode_metrics`` to the final output. Steps where nothing was drafted
+    (n-gram found no match) are absent from these lists. ``accepted`` counts
+    drafts accepted before max_tokens/stop truncation.
+    """
+    m = getattr(completion, "spec_decode_metrics", None)
+    if m is None:
+        return None
+    drafted = getattr(m, "per_step_drafted", None)
+    accepted = getattr(m, "per_step_accepted", None)
+    if drafted is None or accepted is None:
+        return None
+    return list(map(int, drafted)), list(map(int, accepted))
+
+
+def kv_cache_capacity_tokens(llm) -> Optional[int]:
+    """KV-cache capacity in tokens as vLLM sized it (num_gpu_blocks x block_size), if visible."""
+    try:
+        cc = llm.llm_engine.vllm_config.cache_config
+        return int(cc.num_gpu_blocks) * int(cc.block_size)
+    except Exception:  # noqa: BLE001 - best effort across versions
+        return None
