@@ -36,7 +36,7 @@ def main() -> int:
     from sdlib.paths import MODELS_DIR
     from sdlib.extract.tables import build_tables
     from sdlib.models.tinymodels import build_models
-    from sdlib.workloads.prompts import load_prompts
+    from sdlib.workloads import load_prompts
 
     paths = build_models(MODELS_DIR)
     method = {"name": a.method, "num_spec_tokens": 3}

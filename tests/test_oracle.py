@@ -8,9 +8,10 @@ import pytest
 
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim import oracle
-from sdlib.sim.oracle import (Convention, alpha_from_acc_len, alpha_from_mean_acceptance, alpha_from_per_position,
-                          expected_tokens_per_step, leviathan_speedup, ngram_lookup_lengths, prepare_traces,
-                          simulate, simulate_requests)
+from sdlib.extract.ngram import ngram_lookup_lengths
+from sdlib.sim.closed_form import (alpha_from_acc_len, alpha_from_mean_acceptance, alpha_from_per_position,
+                                   expected_tokens_per_step, leviathan_speedup)
+from sdlib.sim.oracle import Convention, prepare_traces, simulate, simulate_requests
 
 # T(kv, n) = 1 + 0.1*n (+ 0.01*kv in KV), EAGLE drafting 0.5 s, n-gram drafting 0.1*T
 CM = CostModel(name="toy", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0, eagle_n_s=0.0,

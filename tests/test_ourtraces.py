@@ -319,7 +319,7 @@ def prompts(models):
     from transformers import AutoTokenizer
 
     from sdlib.config import WorkloadConfig
-    from sdlib.workloads.prompts import load_prompts
+    from sdlib.workloads import load_prompts
 
     tok = AutoTokenizer.from_pretrained(str(models["target"]))
     return load_prompts(WorkloadConfig(dataset="code_edit", source="package", num_requests=6,

@@ -211,7 +211,7 @@ def test_prepare_heldout_is_the_sweeps_first_prompts_and_disjoint(data):
     import warnings
 
     from sdlib.config import WorkloadConfig
-    from sdlib.workloads.prompts import load_texts
+    from sdlib.workloads import load_texts
 
     ids = tr.load_doc_ids(data)
     plan = tr.PRESETS["tiny"].corpus

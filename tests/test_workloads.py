@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from sdlib.workloads import codeedit
-from sdlib.workloads import prompts as workloads
+from sdlib.workloads import sources as workloads
 from sdlib.config import DATASETS, WorkloadConfig
 from sdlib.paths import REPO_ROOT
-from sdlib.workloads.prompts import (
+from sdlib.workloads import (
     CNN_PREFIX,
     CODE_SUFFIX,
     HUMANEVAL_PREFIX,

@@ -269,7 +269,7 @@ def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit",
     """Greedy outputs (or ``greedy``), then a trace per method; engines one at a time.
 
     ``models_dir`` holds ``target`` and the drafter folders :data:`MODEL_METHODS`
-    (``drafters`` overrides a method's folder). Prompts: :func:`sdlib.workloads.prompts.load_prompts`
+    (``drafters`` overrides a method's folder). Prompts: :func:`sdlib.workloads.load_prompts`
     with ``dataset``, ``num_requests``, ``seed``, ``source``; prompts longer than
     ``max_prompt_tokens`` (default: what fits ``max_model_len``) are skipped.
     ``greedy_source``: recorded in the info when ``greedy`` is given.
@@ -294,7 +294,7 @@ def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit",
         from transformers import AutoTokenizer
 
         from sdlib.config import WorkloadConfig
-        from sdlib.workloads.prompts import load_prompts
+        from sdlib.workloads import load_prompts
 
         limit = max_prompt_tokens or (s.max_model_len - max_output_tokens - k - 4)
         tok = AutoTokenizer.from_pretrained(str(target))

