@@ -23,6 +23,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
+from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
 from sdlib.paths import SWEEPS_DIR, resolve
 
 METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
@@ -71,9 +72,9 @@ class ModelConfig:
 
     path: str
     name: Optional[str] = None  # short label in tables; default: last path component
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal[DTYPES] = "bfloat16"
     tensor_parallel_size: int = Field(1, ge=1)
-    load_format: Literal["auto", "safetensors", "pt", "dummy"] = "auto"
+    load_format: Literal[LOAD_FORMATS] = "auto"
     max_model_len: int = Field(2048, ge=16)
     tokenizer: Optional[str] = None  # default: the model path
     skip_tokenizer_init: bool = False  # prompts as token ids (dummy-weight GPU runs)
@@ -93,7 +94,7 @@ class ModelConfig:
 class MethodConfig:
     """A speculative-decoding method; ``options`` pass through to vLLM's speculative_config."""
 
-    name: Literal["none", "ngram", "eagle", "eagle3", "draft_model", "mtp"]
+    name: Literal[METHODS]
     num_spec_tokens: int = Field(3, ge=1, le=64)
     model: Optional[str] = None  # draft / EAGLE head path (eagle, eagle3, draft_model)
     options: dict[str, Any] = Field(default_factory=dict)
@@ -127,8 +128,8 @@ class MethodConfig:
             p = resolve(self.model)
             cfg["model"] = str(p) if p.exists() or self.model.startswith(("@", ".", "/")) else self.model
         if self.name == "ngram":
-            cfg.setdefault("prompt_lookup_min", 3)
-            cfg.setdefault("prompt_lookup_max", 7)  # the paper's settings
+            cfg.setdefault("prompt_lookup_min", NGRAM_MIN)
+            cfg.setdefault("prompt_lookup_max", NGRAM_MAX)  # the paper's settings
         cfg.update(self.options)
         return cfg
 
@@ -137,9 +138,7 @@ class MethodConfig:
 class WorkloadConfig:
     """A dataset and how to sample it (temperature 0 = greedy)."""
 
-    dataset: Literal[
-        "cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit"
-    ]
+    dataset: Literal[DATASETS]
     num_requests: int = Field(32, ge=1)
     max_output_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0)
@@ -173,6 +172,7 @@ class EngineConfig:
     # in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the hooks reach the model runner
     phase_timers: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)
+    # an engine not up within this many seconds is ended and its cells recorded as failed (sdlib.run.supervise)
     startup_timeout_s: float = Field(1800.0, gt=0)
 
 
@@ -229,7 +229,7 @@ class SweepConfig:
     workloads: list[WorkloadConfig]
     batch_sizes: list[int]
     repeats: int = Field(1, ge=1)
-    batch_mode: Literal["closed_loop", "paper"] = "closed_loop"
+    batch_mode: Literal[BATCH_MODES] = "closed_loop"
     warmup_requests: int = Field(2, ge=0)  # requests run (and dropped) before each cell's window
     # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer

@@ -1,11 +1,48 @@
-"""Shared test helpers: a fake engine that behaves like vLLM's LLMEngine with DELTA outputs."""
+"""Shared test helpers: the test tiers (markers), and a fake engine that behaves like vLLM's LLMEngine with
+DELTA outputs.
+
+Tiers: unit tests (no marker) run anywhere; ``engine`` tests need the CPU build of vLLM and are skipped
+without it; ``gpu`` tests need a CUDA GPU and vLLM; ``notebooks`` are the notebook runs (nbmake), marked
+here at collection. ``pytest -m "not engine and not notebooks"`` is the fast tier.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_importable() -> bool:
+    """True when ``import vllm`` works here (the engine tier runs only then)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install counts as absent
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark notebook items ``notebooks``; skip ``engine`` items without vLLM and ``gpu`` items without a GPU."""
+    for item in items:
+        if str(getattr(item, "path", "")).endswith(".ipynb"):
+            item.add_marker(pytest.mark.notebooks)
+        if "gpu" in item.keywords and not (cuda_available() and vllm_importable()):
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU and vLLM"))
+        elif "engine" in item.keywords and not vllm_importable():
+            item.add_marker(pytest.mark.skip(reason="vLLM is not installed (engine tier)"))
 
 
 @dataclass

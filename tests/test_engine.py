@@ -19,18 +19,8 @@ pytestmark = pytest.mark.engine
 K = 3
 
 
-def _have_vllm() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def sweep_result(tmp_path_factory):
-    if not _have_vllm():
-        pytest.skip("vLLM is not installed")
     from sdlib.models.tinymodels import build_models
 
     paths = build_models(MODELS_DIR)

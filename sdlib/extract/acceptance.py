@@ -41,7 +41,7 @@ def align(decode_gains: list[int], accepted: list[int],
     ``decode_gains``: tokens added per engine step after the prefill token.
     ``accepted``: the detailed per-step accepted counts (steps with drafts only).
     ``has_draft``: per decode step, whether the drafter proposed anything there,
-    when it is known independently (n-gram: :func:`sdlib.run.traces.ngram_trace`
+    when it is known independently (n-gram: :func:`sdlib.extract.ngram.ngram_trace`
     recomputes vLLM's look-up exactly). Undrafted steps gain exactly 1 token.
     Without ``has_draft``, where the placement is ambiguous (a zero-acceptance
     entry among several one-token steps) the earliest feasible placement is

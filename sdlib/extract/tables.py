@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from sdlib.extract.acceptance import AlignmentError, steps_from_gains
+from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN, ngram_trace
 from sdlib.store.schema import columns, conform
 
 log = logging.getLogger(__name__)
@@ -24,18 +25,16 @@ log = logging.getLogger(__name__)
 def _ngram_drafted_at(cell, r):
     """``position -> bool``: whether vLLM's n-gram proposer drafted at that output position.
 
-    Recomputed exactly from the prompt and the output (:func:`sdlib.run.traces.ngram_trace`, which
+    Recomputed exactly from the prompt and the output (:func:`sdlib.extract.ngram.ngram_trace`, which
     agrees with vLLM's per-step acceptance on every step checked); None if the ids are missing.
     """
-    from sdlib.run.traces import ngram_trace
-
     prompt = list(getattr(r, "prompt_token_ids", None) or [])
     out = list(getattr(r, "token_ids", None) or [])
     if not prompt or not out:
         return None
     spec = cell.method.speculative_config() or {}
-    tr = ngram_trace(prompt, out, k=cell.method.k, nmin=int(spec.get("prompt_lookup_min", 3)),
-                     nmax=int(spec.get("prompt_lookup_max", 7)), max_model_len=cell.model.max_model_len)
+    tr = ngram_trace(prompt, out, k=cell.method.k, nmin=int(spec.get("prompt_lookup_min", NGRAM_MIN)),
+                     nmax=int(spec.get("prompt_lookup_max", NGRAM_MAX)), max_model_len=cell.model.max_model_len)
     drafted = tr.drafted
     return lambda p: 0 <= p < len(drafted) and drafted[p] > 0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections import OrderedDict
@@ -19,20 +18,8 @@ from typing import Optional
 from sdlib.config import SweepConfig, load_sweep
 from sdlib.paths import REPO_ROOT
 from sdlib.run.plan import check_paths, model_cards, plan
+from sdlib.run.supervise import EngineProcess
 from sdlib.store import SweepStore, git_commit, utc_now
-
-
-def _stream(proc: subprocess.Popen, log_file: Path, quiet: bool) -> None:
-    with open(log_file, "ab") as log:
-        while True:
-            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
-            if not chunk:
-                break
-            log.write(chunk)
-            log.flush()
-            if not quiet:
-                sys.stderr.buffer.write(chunk)
-                sys.stderr.flush()
 
 
 def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet: bool = False,
@@ -74,28 +61,28 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
             log_file = store.log_path(f"{model_name}__{method_label}")
             print(f"[{model_name} / {method_label}] starting engine for {len(cells)} cell(s); log: {log_file}",
                   file=sys.stderr)
-            proc = subprocess.Popen([sys.executable, "-m", "sdlib", "worker", str(spec_path)], cwd=str(REPO_ROOT),
-                                    env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file,
+                                 env=child_env, cwd=str(REPO_ROOT), env_out=env_out, echo=not quiet)
             try:
-                _stream(proc, log_file, quiet)
-                rc = proc.wait()
-            except KeyboardInterrupt:
+                outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s)
+            except BaseException:  # Ctrl-C, SIGTERM: end the engine and everything it started, then stop
                 proc.terminate()
-                proc.wait()
                 raise
             info = json.loads(env_out.read_text()) if env_out.exists() else {"model": model_name,
                                                                              "method": method_label}
-            info["exit_code"] = rc
+            info["exit_code"] = outcome.exit_code
+            if outcome.reason:
+                info["error"] = outcome.reason
             engines.append(info)
-            if rc != 0:
+            if not outcome.ok:
                 for c in cells:
                     if not store.is_done(c.run_id) and not (store.dir / "failures" / f"{c.run_id}.json").exists():
                         store.write_failure(c.run_id, {
                             "model": model_name, "method_label": method_label, "dataset": c.workload.dataset,
                             "batch_size": c.batch_size, "repeat": c.repeat,
-                            "error": f"engine process exited with code {rc}; see {log_file}"})
-                print(f"[{model_name} / {method_label}] engine process exited with code {rc}; "
-                      f"failures recorded, going on", file=sys.stderr)
+                            "error": f"{outcome.reason}; see {log_file}"})
+                print(f"[{model_name} / {method_label}] {outcome.reason}; failures recorded, going on",
+                      file=sys.stderr)
             store.update_invocation(-1, {"engines": engines})
     store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(store.done_ids()),
                                  "cells_failed": len(store.failures())})

@@ -1,6 +1,7 @@
 """The tidy tables a sweep writes: names, columns, dtypes and meanings (one source of truth).
 
-``data/README.md`` documents the same tables; ``tests/test_schema.py`` checks they agree.
+``data/README.md`` documents the same tables (``sdlib schema`` prints them); ``tests/test_storage_tables.py``
+checks they agree.
 
 Usage:
     from sdlib.store.schema import TABLES, conform

@@ -169,3 +169,16 @@ def kv_cache_capacity_tokens(llm) -> Optional[int]:
         return int(cc.num_gpu_blocks) * int(cc.block_size)
     except Exception:  # noqa: BLE001 - best effort across versions
         return None
+
+
+def ngram_proposal(context, nmin: int, nmax: int, max_model_len: int, k: int) -> list[int]:
+    """vLLM's own n-gram look-up (the proposer's inner function) on one context of token ids.
+
+    Tests compare :func:`sdlib.extract.ngram.ngram_trace` with it. The function is private in vLLM
+    (``vllm/v1/spec_decode/ngram_proposer.py``, 0.26 and 0.32): if a version renames it, this is the one
+    place to change.
+    """
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
+
+    return lookup(np.asarray(context, dtype=np.int32), nmin, nmax, max_model_len, k).tolist()
