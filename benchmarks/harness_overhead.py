@@ -36,6 +36,7 @@ def main() -> int:
     from sdlib.paths import MODELS_DIR
     from sdlib.extract.tables import build_tables
     from sdlib.models.tinymodels import build_models
+    from sdlib.store.provenance import device_name
     from sdlib.workloads import load_prompts
 
     paths = build_models(MODELS_DIR)
@@ -78,7 +79,7 @@ def main() -> int:
         r_off.append(off())
         r_on.append(on())
     m_off, m_on = statistics.mean(r_off), statistics.mean(r_on)
-    print(f"vLLM {vc.vllm_version()} | {vc.device_name()} | tiny target, method {a.method} (k=3) | "
+    print(f"vLLM {vc.vllm_version()} | {device_name()} | tiny target, method {a.method} (k=3) | "
           f"{len(prompts)} requests x {a.tokens} tokens, all submitted at once | {a.repeats} repeats")
     print(f"{'extraction':<12}{'tok/s mean':>12}{'runs':>40}")
     print(f"{'off':<12}{m_off:>12.1f}{str([round(x, 1) for x in r_off]):>40}")

@@ -98,11 +98,21 @@ class MethodConfig:
     num_spec_tokens: int = Field(3, ge=1, le=64)
     model: Optional[str] = None  # draft / EAGLE head path (eagle, eagle3, draft_model)
     options: dict[str, Any] = Field(default_factory=dict)
-    label: Optional[str] = None  # default: "<name>-k<k>" ("none" for no SD)
+    label: Optional[str] = None  # default: "<name>-k<k>" ("none" for no SD), "<name>-k<k>-<replay>" with replay
     targets: Optional[list[str]] = None  # model names this method applies to (default: all)
+    # trace replay (sdlib.sim.replay.POLICIES): acceptance pinned to the workload's traces; the method's engine
+    # path and k run for real. Methods that differ only in replay share one engine.
+    replay: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self) -> "MethodConfig":
+        if self.replay is not None:
+            from sdlib.sim.replay import POLICIES, TRACE_OF_METHOD
+
+            if self.replay not in POLICIES:
+                raise ValueError(f"replay: {self.replay!r} is not one of {list(POLICIES)}")
+            if self.name not in TRACE_OF_METHOD:
+                raise ValueError(f"replay: method {self.name!r} cannot replay (one of {sorted(TRACE_OF_METHOD)})")
         if self.name in ("eagle", "eagle3", "draft_model") and not self.model:
             raise ValueError(f"method {self.name!r} needs 'model' (the draft or head path)")
         if self.name in ("none", "ngram") and self.model:
@@ -112,7 +122,19 @@ class MethodConfig:
             raise ValueError(f"options may not set {sorted(reserved)}: use name/model/num_spec_tokens")
         if self.label is None:
             self.label = "none" if self.name == "none" else f"{self.name}-k{self.num_spec_tokens}"
+            if self.replay:
+                self.label += f"-{self.replay}"
         return self
+
+    def engine_key(self) -> str:
+        """What the engine is built from (replay excluded): methods with one key share one engine."""
+        d = {"name": self.name, "k": self.k, "model": self.model, "options": self.options}
+        return json.dumps(d, sort_keys=True, default=str)
+
+    @property
+    def engine_label(self) -> str:
+        """A name for the engine: ``<name>-k<k>`` (``none``)."""
+        return "none" if self.name == "none" else f"{self.name}-k{self.num_spec_tokens}"
 
     @property
     def k(self) -> int:
@@ -143,16 +165,24 @@ class WorkloadConfig:
     max_output_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0)
     seed: int = 42
-    source: Literal["auto", "local", "package", "hub", "reference"] = "auto"  # reference: the authors' traces' token ids
-    path: Optional[str] = None  # local JSONL (source "local", tried first by "auto")
+    # reference: the authors' traces' token ids; traces: one of our trace files (path), sdlib.sim.traces
+    source: Literal["auto", "local", "package", "hub", "reference", "traces"] = "auto"
+    path: Optional[str] = None  # local JSONL (source "local", tried first by "auto"); a trace file (source "traces")
     max_prompt_tokens: Optional[int] = Field(None, ge=1)  # drop longer prompts
     chat_template: Optional[bool] = None  # default: on, except AIME (the paper's setting)
     ignore_eos: bool = False
+    # trace sources: keep only requests whose n-gram and EAGLE-3 acceptance lists cover the output up to
+    # max_output_tokens, so every method replays the same output length (needed by trace replay)
+    full_traces: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "WorkloadConfig":
         if self.source == "reference" and self.dataset not in ("cnn_dailymail", "gsm8k", "instructcoder", "sharegpt"):
             raise ValueError("source 'reference' has only cnn_dailymail, gsm8k, instructcoder, sharegpt")
+        if self.source == "traces" and not self.path:
+            raise ValueError("source 'traces' needs 'path' (a trace file written by sdlib traces)")
+        if self.full_traces and self.source not in ("reference", "traces"):
+            raise ValueError("full_traces needs source 'reference' or 'traces'")
         return self
 
     @property
@@ -174,6 +204,8 @@ class EngineConfig:
     extra: dict[str, Any] = Field(default_factory=dict)
     # an engine not up within this many seconds is ended and its cells recorded as failed (sdlib.run.supervise)
     startup_timeout_s: float = Field(1800.0, gt=0)
+    # zero the target's final norm after load, so its greedy token is always 0 (trace replay, sdlib.vllm.replay)
+    pin_target: bool = False
 
 
 @dataclass(config=_STRICT)
@@ -215,8 +247,9 @@ class Cell:
 
     @property
     def group(self) -> tuple[str, str]:
-        """Cells of one group share one engine: (model name, method label)."""
-        return (self.model.name, self.method.label)
+        """Cells of one group share one engine: (model name, engine label); methods that differ only in
+        ``replay`` (or label) share their engine."""
+        return (self.model.name, self.method.engine_label if self.method.replay else self.method.label)
 
 
 @dataclass(config=_STRICT)
@@ -270,6 +303,19 @@ class SweepConfig:
             for t in m.targets or []:
                 if t not in model_names:
                     raise ValueError(f"methods.{m.label}.targets: {t!r} is not one of {sorted(model_names)}")
+        engines: dict[str, str] = {}
+        for m in self.methods:
+            key = m.engine_label if m.replay else m.label
+            if engines.setdefault(key, m.engine_key()) != m.engine_key():
+                raise ValueError(f"methods.{m.label}: engine {key!r} is configured twice differently "
+                                 "(give one of them another label)")
+        if any(m.replay for m in self.methods):
+            if not self.engine.pin_target:
+                raise ValueError("engine.pin_target: trace replay (methods.*.replay) needs pin_target: true")
+            for w in self.workloads:
+                if w.source not in ("reference", "traces") or not w.full_traces:
+                    raise ValueError(f"workloads.{w.label}: trace replay needs source reference or traces "
+                                     "with full_traces: true")
         return self
 
     @property

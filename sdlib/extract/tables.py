@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -40,8 +40,14 @@ def _ngram_drafted_at(cell, r):
 
 
 def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at: str,
-                 detailed_requested: bool) -> dict[str, pd.DataFrame]:
-    """``{"runs", "requests", "steps", "engine_steps"}`` DataFrames for one cell."""
+                 detailed_requested: bool, replay: Optional[dict[int, dict[int, int]]] = None
+                 ) -> dict[str, pd.DataFrame]:
+    """``{"runs", "requests", "steps", "engine_steps"}`` DataFrames for one cell.
+
+    ``replay`` (trace replay): per prompt index, output position -> tokens the engine verified there
+    (:func:`sdlib.run.replay.drafted_per_step`); steps then come from the tokens gained per step
+    (``accepted = gained - 1``) with ``drafted`` from the plan, and ``acceptance_source`` is ``replay``.
+    """
     run_id = cell.run_id
     k = cell.method.k
     always = cell.method.name not in ("ngram",)
@@ -49,6 +55,15 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     sched: dict[int, Any] = {}  # engine step -> tokens the target processed
     sources = set()
     for r in result.requests:
+        if replay is not None:
+            plan = replay.get(int(r.prompt_index), {})
+            rows = steps_from_gains(r.gains, None, k=k, drafter_always_proposes=True) if k else []
+            for row in rows:
+                row["drafted"] = plan.get(int(row["position"]))
+            sources.add("replay")
+            _emit(run_id, r, rows, k, sched, step_rows)
+            req_rows.append(_request_row(run_id, r, rows))
+            continue
         detailed = r.detailed if detailed_requested else None
         drafted_at = _ngram_drafted_at(cell, r) if (detailed is not None and not always) else None
         try:
@@ -67,41 +82,8 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
             log.warning("%s %s: detailed metrics do not align (%s); using tokens gained", run_id, r.request_id, err)
             rows = steps_from_gains(r.gains, None, k=k, drafter_always_proposes=always)
             sources.add("delta")
-        # prefill: the whole prompt is processed in the step that produced the first token
-        if r.gain_steps and sched.get(r.gain_steps[0], 0) is not None:
-            sched[r.gain_steps[0]] = sched.get(r.gain_steps[0], 0) + r.prompt_tokens
-        for row in rows:
-            es = r.gain_steps[row["step"] + 1] if row["step"] + 1 < len(r.gain_steps) else None
-            step_rows.append({"run_id": run_id, "request_id": r.request_id, "engine_step": es, **row})
-            if es is not None:
-                if row["drafted"] is None or sched.get(es, 0) is None:
-                    sched[es] = None
-                else:
-                    sched[es] = sched.get(es, 0) + 1 + row["drafted"]
-        if not k:  # no SD: every decode step processes one token per request
-            for es in r.gain_steps[1:]:
-                if sched.get(es, 0) is not None:
-                    sched[es] = sched.get(es, 0) + 1
-        drafted = [row["drafted"] for row in rows]
-        req_rows.append({
-            "run_id": run_id,
-            "request_id": r.request_id,
-            "prompt_index": r.prompt_index,
-            "batch_index": r.batch_index,
-            "prompt_tokens": r.prompt_tokens,
-            "output_tokens": len(r.token_ids),
-            "finish_reason": r.finish_reason,
-            "arrival_s": r.arrival_s,
-            "first_token_s": r.first_token_s,
-            "finish_s": r.finish_s,
-            "latency_s": (r.finish_s - r.arrival_s) if r.finish_s is not None else None,
-            "ttft_s": (r.first_token_s - r.arrival_s) if r.first_token_s is not None else None,
-            "num_steps": len(rows),
-            "num_drafted": None if any(d is None for d in drafted) else sum(drafted),
-            "num_accepted": sum(row["accepted"] for row in rows),
-            "prompt_token_ids": json.dumps(r.prompt_token_ids),
-            "output_token_ids": json.dumps(r.token_ids),
-        })
+        _emit(run_id, r, rows, k, sched, step_rows)
+        req_rows.append(_request_row(run_id, r, rows))
     eng_rows = [{"run_id": run_id, **vars(s), "num_scheduled_tokens": sched.get(s.engine_step, 0)}
                 for s in result.steps]
     out_tokens = sum(len(r.token_ids) for r in result.requests)
@@ -138,6 +120,48 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "requests": conform("requests", pd.DataFrame(req_rows, columns=_cols("requests"))),
         "steps": conform("steps", steps),
         "engine_steps": conform("engine_steps", pd.DataFrame(eng_rows, columns=_cols("engine_steps"))),
+    }
+
+
+def _emit(run_id: str, r, rows: list[dict], k: int, sched: dict, step_rows: list) -> None:
+    """Append a request's step rows; add the tokens the target processed to each engine step it ran in."""
+    # prefill: the whole prompt is processed in the step that produced the first token
+    if r.gain_steps and sched.get(r.gain_steps[0], 0) is not None:
+        sched[r.gain_steps[0]] = sched.get(r.gain_steps[0], 0) + r.prompt_tokens
+    for row in rows:
+        es = r.gain_steps[row["step"] + 1] if row["step"] + 1 < len(r.gain_steps) else None
+        step_rows.append({"run_id": run_id, "request_id": r.request_id, "engine_step": es, **row})
+        if es is not None:
+            if row["drafted"] is None or sched.get(es, 0) is None:
+                sched[es] = None
+            else:
+                sched[es] = sched.get(es, 0) + 1 + row["drafted"]
+    if not k:  # no SD: every decode step processes one token per request
+        for es in r.gain_steps[1:]:
+            if sched.get(es, 0) is not None:
+                sched[es] = sched.get(es, 0) + 1
+
+
+def _request_row(run_id: str, r, rows: list[dict]) -> dict[str, Any]:
+    drafted = [row["drafted"] for row in rows]
+    return {
+        "run_id": run_id,
+        "request_id": r.request_id,
+        "prompt_index": r.prompt_index,
+        "batch_index": r.batch_index,
+        "prompt_tokens": r.prompt_tokens,
+        "output_tokens": len(r.token_ids),
+        "finish_reason": r.finish_reason,
+        "arrival_s": r.arrival_s,
+        "first_token_s": r.first_token_s,
+        "finish_s": r.finish_s,
+        "latency_s": (r.finish_s - r.arrival_s) if r.finish_s is not None else None,
+        "ttft_s": (r.first_token_s - r.arrival_s) if r.first_token_s is not None else None,
+        "num_steps": len(rows),
+        "num_drafted": None if any(d is None for d in drafted) else sum(drafted),
+        "num_accepted": sum(row["accepted"] for row in rows),
+        "prompt_token_ids": json.dumps(r.prompt_token_ids),
+        "output_token_ids": json.dumps(r.token_ids),
     }
 
 

@@ -83,13 +83,18 @@ class _Run:
     def now(self) -> float:
         return self.clock() - self.t0
 
-    def admit(self, rid: str, prompt, prompt_index: int, batch_index: int) -> None:
+    def admit(self, rid: str, prompt, prompt_index: int, batch_index: int) -> str:
+        """Add one request; returns its id (``rid``, plus ``@<replay_key>`` for trace replay)."""
+        key = getattr(prompt, "replay_key", None)
+        if key is not None:  # trace replay: the engine's hooks find the request's plan by this key
+            rid = f"{rid}@{int(key)}"
         ids = prompt.prompt_token_ids
         rec = RequestRecord(rid, prompt_index, batch_index, len(ids), self.now(),
                             prompt_token_ids=[int(t) for t in ids])
         self.records[rid] = rec
         self.live[rid] = rec
         self.engine.add_request(rid, {"prompt_token_ids": list(map(int, ids))}, self.make_params(prompt))
+        return rid
 
     def step(self) -> list[str]:
         """One engine step; returns the ids of requests that finished in it."""
@@ -149,8 +154,7 @@ def _closed_loop(engine, prompts, B, make_params, spec_metrics, clock, progress,
     while pending or run.live:
         while pending and len(run.live) < B:
             order, p = pending.popleft()
-            rid = f"{prefix}{order}"
-            run.admit(rid, p, p.index, order)
+            rid = run.admit(f"{prefix}{order}", p, p.index, order)
             if order < B:
                 initial.add(rid)
         full_at_start.append(len(run.live) == B)
@@ -179,10 +183,8 @@ def _paper(engine, prompts, B, make_params, spec_metrics, clock, progress, prefi
     run = _Run(engine, make_params, spec_metrics, clock, progress)
     rates, total_dur, total_tokens = [], 0.0, 0
     for b, p in enumerate(prompts):
-        ids = [f"{prefix}{b}c{c}" for c in range(B)]
         t_start = run.now()
-        for rid in ids:
-            run.admit(rid, p, p.index, b)
+        ids = [run.admit(f"{prefix}{b}c{c}", p, p.index, b) for c in range(B)]
         while run.live:
             run.step()
         dur = run.now() - t_start

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from sdlib.config import parse_sweep
 from sdlib.store import SweepStore, utc_now, write_json_atomic
+from sdlib.store.provenance import device_name
 
 log = logging.getLogger("sdlib.run.worker")
 
@@ -36,7 +37,7 @@ def _environment(llm) -> dict[str, Any]:
     return {
         "vllm_version": vc.vllm_version(),
         "torch_version": torch.__version__,
-        "device": vc.device_name(),
+        "device": device_name(),
         "detailed_metrics": vc.has_detailed_metrics(),
         "kv_cache_capacity_tokens": vc.kv_cache_capacity_tokens(llm),
         "python": sys.version.split()[0],
@@ -45,11 +46,12 @@ def _environment(llm) -> dict[str, Any]:
 
 def run_group(spec: dict[str, Any]) -> int:
     """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
-    from sdlib.vllm import compat as vc
-    from sdlib.vllm.phase_hooks import phases_frame
+    from sdlib.extract.tables import build_tables, phases_frame
+    from sdlib.run import replay as rr
     from sdlib.run.driver import drive
-    from sdlib.extract.tables import build_tables
-    from sdlib.workloads import load_prompts
+    from sdlib.vllm import compat as vc
+    from sdlib.vllm import replay as vr
+    from sdlib.workloads import load_prompts, load_trace_table
 
     sweep = parse_sweep(spec["sweep"])
     wanted = set(spec["run_ids"])
@@ -62,6 +64,8 @@ def run_group(spec: dict[str, Any]) -> int:
     detailed = method.k > 0 and vc.has_detailed_metrics()
     if sweep.engine.phase_timers:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must reach the model runner
+    if sweep.engine.pin_target:  # the pinning and replay hooks are functions sent to the engine core
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     t = time.perf_counter()
     llm = vc.make_llm(model, method, sweep.engine, max_batch=max_batch, seed=sweep.seed, detailed=detailed)
     engine_start_s = time.perf_counter() - t
@@ -70,14 +74,22 @@ def run_group(spec: dict[str, Any]) -> int:
         from sdlib.vllm.phase_hooks import install_phase_timers
 
         timers = install_phase_timers(llm)
-    env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name, "method": method.label,
+    replay_kind = None
+    if sweep.engine.pin_target:
+        vr.pin_target(llm)
+    if any(c.method.replay for c in cells):
+        replay_kind = vr.install(llm, method.num_spec_tokens)
+    env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name,
+           "method": method.engine_label if method.replay else method.label,
            "in_process_engine": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
-           "phase_timers": timers.describe() if timers is not None else None}
+           "phase_timers": timers.describe() if timers is not None else None,
+           "pinned_target": sweep.engine.pin_target, "replay_runner": replay_kind}
     if spec.get("env_out"):
         write_json_atomic(env, Path(spec["env_out"]))
     tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
     engine = llm.llm_engine
     prompts_cache: dict[str, list] = {}
+    traces_cache: dict[str, Any] = {}
     dead = None
     bar = tqdm(cells, desc=f"{model.name} / {method.label}", unit="cell", file=sys.stderr)
     for cell in bar:
@@ -96,6 +108,13 @@ def run_group(spec: dict[str, Any]) -> int:
             # closed loop with requests_per_slot: reuse prompts in order when more requests are needed
             n_req = cell.num_requests if cell.batch_mode == "closed_loop" else len(pool)
             prompts = [pool[i % len(pool)] for i in range(max(n_req, 1))]
+            by_index = None
+            if cell.method.replay:
+                if wl.label not in traces_cache:
+                    traces_cache[wl.label] = load_trace_table(wl)
+                plans, by_index = rr.cell_plans(cell, pool, traces_cache[wl.label])
+                vr.set_plans(llm, plans)
+                prompts = rr.keyed(prompts)
 
             def params(p, wl=wl):
                 mt = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
@@ -113,8 +132,15 @@ def run_group(spec: dict[str, Any]) -> int:
                 result = drive(engine, prompts, cell.batch_size, params, mode=cell.batch_mode,
                                spec_metrics=vc.request_spec_metrics, progress=pbar)
             counters = vc.diff_counters(vc.read_spec_counters(llm), before)
+            replay = None
+            if by_index is not None:
+                padded = replay_kind == "v2"
+                K = cell.method.num_spec_tokens
+                check = rr.check_cell(result, by_index, counters, K, padded, hook_stats=vr.stats(llm))
+                store.write_json(f"replay/{cell.run_id}.json", check)
+                replay = {i: rr.drafted_per_step(p, K, padded) for i, p in by_index.items()}
             tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
-                                  detailed_requested=detailed)
+                                  detailed_requested=detailed, replay=replay)
             tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
             store.write_cell(cell.run_id, tables)
         except Exception as err:  # noqa: BLE001 - record and go on

@@ -11,7 +11,8 @@ Model (the authors' definitions):
   output token; a decode step that starts with ``c`` output tokens costs
   ``draft + T(kv=B*(P+c), n=B*n_i) + overhead`` where ``n_i`` = tokens proposed + 1;
 * predict methods: ``FIXED_k`` proposes ``k`` and gains ``min(acc, k+1)``;
-  ``ORACLE`` (Oracle Proposal) proposes exactly ``acc - 1`` and gains ``acc``;
+  ``ORACLE`` (Oracle Proposal) proposes exactly ``acc - 1`` and gains ``acc``; ``ORACLE_K`` the same
+  with at most ``K`` proposed (an engine's ``num_speculative_tokens``);
 * proposers: ``eagle3``, ``ngram``, ``combined`` (Oracle Combine: per step the
   larger of the two methods' ``acc``);
 * the request ends once it holds ``L`` output tokens (the last step may overshoot);
@@ -112,13 +113,20 @@ def get_convention(c: str | Convention) -> Convention:
 
 
 def parse_predict_method(pm: str) -> Optional[int]:
-    """``FIXED_k`` -> k, ``ORACLE`` -> None."""
-    if pm == "ORACLE":
+    """``FIXED_k`` -> k; ``ORACLE`` and ``ORACLE_K`` -> None (see :func:`oracle_cap`)."""
+    if pm == "ORACLE" or re.fullmatch(r"ORACLE_[1-9]\d*", pm):
         return None
     m = re.fullmatch(r"FIXED_(\d+)", pm)
     if not m or int(m.group(1)) < 1:
-        raise ValueError(f"predict method {pm!r}: want FIXED_<k>=1..> or ORACLE")
+        raise ValueError(f"predict method {pm!r}: want FIXED_<k>, ORACLE or ORACLE_<K> (k, K >= 1)")
     return int(m.group(1))
+
+
+def oracle_cap(pm: str) -> Optional[int]:
+    """``ORACLE_K`` -> K: Oracle Proposal with at most K drafts per step (an engine's num_speculative_tokens);
+    ``ORACLE`` and ``FIXED_k`` -> None. The traces cap every step at 20 drafts anyway."""
+    m = re.fullmatch(r"ORACLE_([1-9]\d*)", pm)
+    return int(m.group(1)) if m else None
 
 
 # --------------------------------------------------------------------------- prepared traces
@@ -263,6 +271,7 @@ def step_records(prep: PreparedTraces, proposer: str, predict_method: str,
     """The decode steps of every request in ``prep`` (independent of batch size and cost model)."""
     conv = get_convention(convention)
     k = parse_predict_method(predict_method)
+    cap = oracle_cap(predict_method)
     if proposer not in PROPOSERS:
         raise ValueError(f"proposer {proposer!r} not in {PROPOSERS}")
     R = len(prep)
@@ -291,7 +300,7 @@ def step_records(prep: PreparedTraces, proposer: str, predict_method: str,
     a = np.maximum(a, 1)
 
     if k is None:
-        n_i = a.copy()
+        n_i = a.copy() if cap is None else np.minimum(a, cap + 1)
     else:
         n_i = np.full(a.shape, k + 1, dtype=np.int64)
         if proposer == "ngram" and conv.ngram_match == "tokens":

@@ -42,7 +42,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("counter_num_draft_tokens", "Int64", "vLLM vllm:spec_decode_num_draft_tokens, differenced"),
         ("counter_num_accepted_tokens", "Int64", "vLLM vllm:spec_decode_num_accepted_tokens, differenced"),
         ("counter_accepted_per_pos", "string", "vLLM ..._num_accepted_tokens_per_pos, differenced, JSON list"),
-        ("acceptance_source", "string", "where steps came from: detailed (vLLM per-request metrics) or delta"),
+        ("acceptance_source", "string", "where steps came from: detailed (vLLM per-request metrics), delta, or replay (trace replay: tokens gained, drafts from the plan)"),
         ("status", "string", "ok"),
         ("started_at", "string", "UTC ISO time the cell started"),
     ],

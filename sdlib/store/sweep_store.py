@@ -7,6 +7,7 @@ Layout of ``<results_dir>/<sweep>/``::
     steps/<run_id>.parquet
     engine_steps/<run_id>.parquet
     step_phases/<run_id>.parquet   time in drafting / verification / sampling (only with engine.phase_timers)
+    replay/<run_id>.json           trace replay: each request's steps and vLLM's counters checked against the plan
     failures/<run_id>.json         a cell that failed (removed when it later succeeds)
     provenance.json                sweep config + one entry per invocation (vLLM version, device, commit, ...)
     logs/                          engine process logs (not committed)
@@ -76,6 +77,12 @@ class SweepStore:
         f = self.dir / "failures" / f"{run_id}.json"
         if f.exists():
             f.unlink()
+
+    def write_json(self, relpath: str, obj: Any) -> Path:
+        """Write a JSON file inside the sweep's folder (atomically), e.g. ``replay/<run_id>.json``."""
+        path = self.dir / relpath
+        write_json_atomic(obj, path)
+        return path
 
     def write_failure(self, run_id: str, info: dict[str, Any]) -> None:
         write_json_atomic({"run_id": run_id, "failed_at": utc_now(), **info},

