@@ -17,9 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.plots.style import new_figure
-
-#: The proposers drawn on their own (``combined`` is drawn with the bounds).
-SINGLE_PROPOSERS = ("eagle3", "ngram")
+from sdlib.sim.bounds import SINGLE_PROPOSERS
 
 
 def sim_title(cm, what: str) -> str:

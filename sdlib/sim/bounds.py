@@ -20,6 +20,9 @@ from sdlib.paths import FIGURES_DIR
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.oracle import TABLE_COLUMNS, Convention, PreparedTraces, get_convention, parse_predict_method, simulate
 
+#: The two proposers simulated on their own (``combined`` picks between them per step).
+SINGLE_PROPOSERS = ("eagle3", "ngram")
+
 #: the convention fields, with a short name for each quirk
 QUIRKS = {"index_shift": "look-up index shift", "combine_draft": "Combine drafting price",
           "combine_length": "Combine output length", "ngram_match": "n-gram no-match rule",
@@ -78,7 +81,7 @@ def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
     (Combine over the larger of the two) are clipped at 0 for stacking; ``stack_top``
     is the stacked height.
     """
-    t = table[table.proposer.isin(["eagle3", "ngram"])]
+    t = table[table.proposer.isin(SINGLE_PROPOSERS)]
     fixed = t[t.predict_method.str.startswith("FIXED_")].sort_values("speedup")
     fixed = fixed.groupby(["dataset", "batch_size"]).tail(1)
     fixed = fixed.assign(best_fixed_label=fixed.proposer + " k=" + fixed.predict_method.str[6:])
@@ -136,7 +139,7 @@ CROSSOVER_BATCH_SIZES = (1, 8, 16, 32, 64, 128, 256, 512)
 
 def crossover_by_cost_model(prep: PreparedTraces, cost_models: Sequence[CostModel], convention: str,
                             sample: Optional[str | int] = None, batch_sizes: Sequence[int] = CROSSOVER_BATCH_SIZES,
-                            proposers: Sequence[str] = ("eagle3", "ngram"), predict_method: str = "FIXED_3",
+                            proposers: Sequence[str] = SINGLE_PROPOSERS, predict_method: str = "FIXED_3",
                             thresholds: Sequence[float] = (1.2, 1.0)) -> pd.DataFrame:
     """Per (cost model, proposer, dataset): the first simulated batch size at which ``predict_method``'s
     speedup falls below each threshold (NA: not within ``batch_sizes``), by
