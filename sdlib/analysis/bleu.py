@@ -16,9 +16,10 @@ otherwise. For Llama-3 chat prompts, :func:`llama3_user_content` keeps only the
 user message (no system header, no special tokens).
 
 Usage:
-    from sdlib.analysis.bleu import prompt_output_bleu, bleu_bins
+    from sdlib.analysis.bleu import bin_counts, bleu_bins, prompt_output_bleu
     b = prompt_output_bleu(load_reference_traces(["instructcoder"]))   # dataset, request_id, bleu4, ...
     b["bin"] = bleu_bins(b.bleu4)                                       # "0.0-0.2" ... "0.8-1.0"
+    bin_counts(b)                                                       # requests per dataset and bin
 """
 
 from __future__ import annotations
@@ -136,6 +137,82 @@ def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, refer
     out = out.rename(columns={"mean": "tok_per_s", "size": "num_requests", label_col: "label"})
     out["relative_speedup"] = out["tok_per_s"] / out["ref_tok_per_s"] - 1.0
     return out[["dataset", "bin", "label", "num_requests", "tok_per_s", "ref_tok_per_s", "relative_speedup"]]
+
+
+def bin_counts(bleu: pd.DataFrame, width: float = 0.2) -> pd.DataFrame:
+    """Requests per (dataset, BLEU-4 bin), every bin listed (0 where empty): dataset, bin, num_requests."""
+    b = bleu.assign(bin=bleu_bins(bleu["bleu4"], width))
+    return b.groupby(["dataset", "bin"], observed=False).size().rename("num_requests").reset_index()
+
+
+def sim_labels(eagle_k: int, ngram_ks: Sequence[int]) -> dict[tuple[str, str], str]:
+    """Legend label per simulated (proposer, predict method): EAGLE-3 with ``eagle_k`` first (the
+    reference), then n-gram with each of ``ngram_ks``."""
+    return {("eagle3", f"FIXED_{eagle_k}"): f"EAGLE-3 k={eagle_k}",
+            **{("ngram", f"FIXED_{k}"): f"n-gram k={k}" for k in ngram_ks}}
+
+
+def binned_by_convention(per_request: pd.DataFrame, bleu: pd.DataFrame, labels: dict[tuple[str, str], str],
+                         reference_label: str, width: float = 0.2) -> pd.DataFrame:
+    """:func:`binned_relative_speedup` of simulated requests, per convention.
+
+    ``per_request``: :func:`sdlib.sim.oracle.simulate_requests` rows; each (proposer, predict
+    method) in ``labels`` gets its label, the others are dropped. Adds a ``convention`` column.
+    """
+    per = per_request.copy()
+    per["label"] = [labels.get(k) for k in zip(per.proposer, per.predict_method)]
+    per = per[per.label.notna()]
+    return pd.concat([binned_relative_speedup(g, bleu, reference_label, width=width).assign(convention=c)
+                      for c, g in per.groupby("convention")], ignore_index=True)
+
+
+def measured_relative_speedup(measured: pd.DataFrame, width: float = 0.2) -> tuple[pd.DataFrame, Optional[str], int]:
+    """Per BLEU bin, measured throughput of each label relative to the EAGLE one, at the smallest batch size.
+
+    ``measured``: :func:`measured_bleu_runs` rows. The reference is the first label (sorted) that
+    starts with ``eagle``. Returns (:func:`binned_relative_speedup` rows, empty without a reference;
+    the reference label or None; the batch size).
+    """
+    bs = int(measured.batch_size.min())
+    m = measured[measured.batch_size == bs]
+    ref = next((lab for lab in sorted(m.label.unique()) if lab.startswith("eagle")), None)
+    if ref is None:
+        return pd.DataFrame(), None, bs
+    bleu = m[["dataset", "request_id", "bleu4"]].drop_duplicates(["dataset", "request_id"])
+    return binned_relative_speedup(m.drop(columns="bleu4"), bleu, ref, width=width), ref, bs
+
+
+def brevity_penalty(reference_len, hypothesis_len) -> np.ndarray:
+    """BLEU's brevity penalty per pair: 1 when the hypothesis (output) is at least as long as the
+    reference (prompt), else ``exp(1 - r / c)`` (``c`` counted as at least 1)."""
+    r = np.asarray(reference_len)
+    c = np.asarray(hypothesis_len)
+    return np.where(c < r, np.exp(1 - r / np.maximum(c, 1)), 1.0)
+
+
+def without_brevity_penalty(bleu: pd.DataFrame, width: float = 0.2) -> pd.DataFrame:
+    """``bleu`` (:func:`prompt_output_bleu` rows) plus ``bleu4_no_bp`` = BLEU-4 / brevity penalty (at
+    most 1) and its ``bin``. For outputs cut far shorter than their prompts, where the penalty alone
+    would put every request in the lowest bin."""
+    out = bleu.copy()
+    bp = brevity_penalty(out["prompt_tokens"], out["output_tokens"])
+    out["bleu4_no_bp"] = (out["bleu4"] / bp).clip(upper=1.0)
+    out["bin"] = bleu_bins(out["bleu4_no_bp"], width)
+    return out
+
+
+def acceptance_per_request(gains: pd.DataFrame, bleu: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, method, request): mean tokens gained per verify step (``acc_len``) beside the
+    request's BLEU-4 columns (``bleu``: :func:`without_brevity_penalty` rows; ``gains``:
+    :func:`sdlib.analysis.variance.trace_gains`)."""
+    per = gains.groupby(["dataset", "method", "request_id"]).gained.mean().rename("acc_len").reset_index()
+    return per.merge(bleu[["dataset", "request_id", "bleu4", "bleu4_no_bp", "bin"]], on=["dataset", "request_id"])
+
+
+def acceptance_bins(per_request: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, BLEU bin, method): mean of the requests' ``acc_len`` and how many requests."""
+    return (per_request.groupby(["dataset", "bin", "method"], observed=True)
+            .agg(acc_len=("acc_len", "mean"), num_requests=("request_id", "nunique")).reset_index())
 
 
 def _not_meaningful(sweep_dir: Path) -> str:

@@ -104,6 +104,16 @@ def pooled_shares(bt: pd.DataFrame, by: tuple[str, ...] = ("model", "method_labe
     return out[by + ["timer", "runs", "num_steps"] + secs + [f"share_{p}" for p in SHARE_PHASES] + ["step_ms"]]
 
 
+def sweep_breakdown(sweep_dir: str | os.PathLike[str], include_no_sd: bool = True) -> Optional[pd.DataFrame]:
+    """:func:`breakdown_table` of a sweep folder's ``step_phases`` and ``runs``; without the no-SD runs
+    unless ``include_no_sd``; None when the sweep has no ``step_phases`` (run without phase timers)."""
+    phases = read_step_phases(sweep_dir)
+    if phases.empty:
+        return None
+    bt = breakdown_table(phases, read_table(sweep_dir, "runs"))
+    return bt if include_no_sd else bt[bt["method"] != "none"]
+
+
 def timer_label(timers: pd.Series | list[str] | str) -> str:
     """How the timer kind(s) read in a title: ``GPU time (CUDA events)`` / ``CPU wall time``."""
     kinds = [timers] if isinstance(timers, str) else sorted({str(t) for t in timers if pd.notna(t)})

@@ -240,6 +240,27 @@ def embedded_setups(models_dir: str | os.PathLike[str] = TRAINED_MODELS_DIR) -> 
 
 
 # measured capacity --------------------------------------------------------------------------------
+#: What each memory table of :func:`memory_tables` holds (figure titles quote it).
+MEMORY_TABLES = {"paper_shapes": "paper model shapes (sdlib.models.shapes), bf16, from configs",
+                 "embedded": "embedded trained models (data/models), bf16"}
+
+
+def memory_tables(paper_shapes: bool = True, embedded: bool = True,
+                  models_dir: str | os.PathLike[str] = TRAINED_MODELS_DIR) -> dict[str, tuple[pd.DataFrame, str]]:
+    """``{"paper_shapes": (table, what), "embedded": (table, what)}``: :func:`memory_table` of the paper's
+    shapes and of the embedded trained models (left out, with a note, when there are none)."""
+    out = {}
+    if paper_shapes:
+        out["paper_shapes"] = (memory_table(paper_setups()), MEMORY_TABLES["paper_shapes"])
+    if embedded:
+        emb = embedded_setups(models_dir)
+        if emb:
+            out["embedded"] = (memory_table(emb), MEMORY_TABLES["embedded"])
+        else:
+            print("note: no embedded models in data/models: skipped")
+    return out
+
+
 def _engines(prov: dict) -> list[dict]:
     """Engine entries of every invocation, the latest per (model, method) that has a capacity."""
     seen: dict[tuple, dict] = {}

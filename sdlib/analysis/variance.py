@@ -375,12 +375,12 @@ def lossless_check(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
-def existing_dirs(dirs: Iterable[str | Path]) -> list[Path]:
-    """The sweep folders that exist (resolved against the repo root); prints a note for each missing one."""
+def existing_dirs(dirs: Iterable[str | Path], tables: Sequence[str] = ("steps", "runs")) -> list[Path]:
+    """The sweep folders holding any of ``tables`` (resolved against the repo root); prints a note for each other."""
     out = []
     for d in dirs:
         p = resolve(d)
-        if (p / "steps").is_dir() or (p / "runs").is_dir():
+        if any((p / t).is_dir() for t in tables):
             out.append(p)
         else:
             print(f"note: no sweep tables in {p} (skipped)")

@@ -1,15 +1,22 @@
-"""Notebook 04's figures: relative speedup of n-gram over EAGLE-3 per prompt/output BLEU-4 bin (paper Fig. 9e form).
+"""Notebook 04's figures: BLEU-4 per request, relative speedup of n-gram over EAGLE-3 per prompt/output BLEU-4
+bin (paper Fig. 9e form; simulated and measured), and acceptance per bin on our traces.
 
 Usage:
-    from sdlib.plots.bleu import bleu_bin_panel
+    from sdlib.plots.bleu import plot_bins_paper
+    fig = plot_bins_paper(bins[bins.dataset == "instructcoder"], ["n-gram k=3"], "corrected", "authors",
+                          "EAGLE-3 k=3", "title")
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
+
+from sdlib.analysis.bleu import bleu_bins
+from sdlib.plots.breakdown import METHOD_ORDER
+from sdlib.plots.style import new_figure
 
 
 def bleu_bin_panel(ax, b: pd.DataFrame, labels: list[str], main: str, other: Optional[str], ref_label: str,
@@ -21,8 +28,6 @@ def bleu_bin_panel(ax, b: pd.DataFrame, labels: list[str], main: str, other: Opt
     written on them; black markers: convention ``other`` (None: none drawn). Under each bin: its
     number of requests.
     """
-    from sdlib.analysis.bleu import bleu_bins
-
     cats = list(bleu_bins([0.0], width).categories)
     x = np.arange(len(cats))
     w = 0.8 / len(labels)
@@ -43,3 +48,97 @@ def bleu_bin_panel(ax, b: pd.DataFrame, labels: list[str], main: str, other: Opt
     ax.set_xticks(x, [f"{c}\nn={int(v) if pd.notna(v) else 0}" for c, v in zip(cats, n)], fontsize=8)
     ax.axhline(0, color="k", lw=0.8)
     ax.set(xlabel="prompt/output BLEU-4 bin", ylabel=f"throughput vs {ref_label} (%)")
+
+
+#: The paper's claim drawn on notebook 04's per-bin figure (cited, never ours): Fig. 9(e).
+PAPER_BLEU_CUT = 0.6
+PAPER_NOTE = "paper (cited), Fig. 9(e): n-gram beats EAGLE above BLEU ≈ 0.6,\nup to +100% (k=5) at 0.8–1.0"
+
+
+def plot_bleu_distribution(bleu: pd.DataFrame, datasets: Sequence[str], title: str, bin_width: float = 0.2):
+    """Histogram (steps of 0.05) of per-request BLEU-4, a line per dataset with its median in the legend;
+    dotted lines at the ``bin_width`` bin edges."""
+    fig, axes = new_figure(1, 1, width=7.5, height=4.0)
+    ax = axes[0][0]
+    edges = np.arange(0, 1 + 1e-9, 0.05)
+    for i, ds in enumerate(datasets):
+        ax.hist(bleu[bleu.dataset == ds].bleu4, bins=edges, histtype="step", lw=1.8, color=f"C{i}",
+                label=f"{ds} (median {bleu[bleu.dataset == ds].bleu4.median():.2f})")
+    for x in np.arange(bin_width, 1, bin_width):
+        ax.axvline(x, color="grey", lw=0.6, ls=":")
+    ax.set(xlabel=f"BLEU-4 (reference = prompt, hypothesis = output); dotted: {bin_width:g}-wide bins",
+           ylabel="requests", xlim=(0, 1))
+    ax.legend(fontsize=9)
+    ax.set_title(title, fontsize=11)
+    return fig
+
+
+def plot_bins_paper(b: pd.DataFrame, labels: list[str], main: str, other: Optional[str], ref_label: str, title: str,
+                    width: float = 0.2):
+    """Paper Fig. 9(e) form for one dataset: :func:`bleu_bin_panel` plus the paper's claim (a dotted line
+    at BLEU :data:`PAPER_BLEU_CUT` and its note, cited)."""
+    fig, axes = new_figure(1, 1, width=7.5, height=4.8)
+    ax = axes[0][0]
+    bleu_bin_panel(ax, b, labels, main, other, ref_label, width=width)
+    cut = PAPER_BLEU_CUT / width - 0.5  # the bin edge on the categorical axis
+    ax.axvline(cut, color="k", ls=":", lw=1.2)
+    ax.annotate(PAPER_NOTE, xy=(cut, ax.get_ylim()[1] * 0.9), xytext=(-8, 0), textcoords="offset points", ha="right",
+                va="top", fontsize=8, bbox=dict(boxstyle="round", fc="white", ec="grey"))
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_bins_all(bins: pd.DataFrame, datasets: Sequence[str], labels: list[str], main: str, other: Optional[str],
+                  ref_label: str, title: str, width: float = 0.2):
+    """:func:`bleu_bin_panel` for every dataset, side by side (shared y axis, one legend)."""
+    fig, axes = new_figure(1, len(datasets), width=4.2, height=4.2, sharey=True)
+    for ax, ds in zip(axes[0], datasets):
+        bleu_bin_panel(ax, bins[bins.dataset == ds], labels, main, other, ref_label, width=width)
+        ax.set_title(ds, fontsize=10)
+        if ds != datasets[0]:
+            ax.set_ylabel("")
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_measured(mb: pd.DataFrame, ref_label: str, title: str):
+    """Measured throughput relative to ``ref_label`` (%) per BLEU bin, a line per label
+    (``mb``: :func:`sdlib.analysis.bleu.measured_relative_speedup`)."""
+    fig, axes = new_figure(1, 1, width=7.5, height=4.5)
+    ax = axes[0][0]
+    for i, (lab, g) in enumerate(mb.groupby("label")):
+        ax.plot(g.bin.astype(str), 100 * g.relative_speedup, "o-", color=f"C{i + 1}", label=lab)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xlabel="prompt/output BLEU-4 bin", ylabel=f"throughput vs {ref_label} (%)")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_acceptance_by_bleu(acc_bins: pd.DataFrame, title: str, k: int, width: float = 0.2):
+    """Grouped bars: mean tokens gained per verify step per BLEU-4 bin (no brevity penalty), a bar per
+    method (in :data:`sdlib.plots.breakdown.METHOD_ORDER`), a panel per dataset, requests per bin under it.
+
+    ``acc_bins``: :func:`sdlib.analysis.bleu.acceptance_bins`; ``k``: the chain's draft length (axis label).
+    """
+    datasets = sorted(acc_bins.dataset.unique())
+    methods = [m for m in METHOD_ORDER if m in set(acc_bins.method)]
+    cats = list(bleu_bins([0.0], width).categories)
+    fig, axes = new_figure(1, len(datasets), width=4.2, height=4.0, sharey=True)
+    for ax, ds in zip(axes[0], datasets):
+        b = acc_bins[acc_bins.dataset == ds]
+        x = np.arange(len(cats))
+        w = 0.8 / len(methods)
+        for j, m in enumerate(methods):
+            s = b[b.method == m].set_index("bin").reindex(cats)
+            ax.bar(x - 0.4 + w * (j + 0.5), s.acc_len.astype(float).to_numpy(), w, color=f"C{j}", label=m)
+        n = b.drop_duplicates("bin").set_index("bin").reindex(cats).num_requests
+        ax.set_xticks(x, [f"{c}\nn={int(v) if pd.notna(v) else 0}" for c, v in zip(cats, n)], fontsize=7)
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set(title=ds, xlabel="prompt/output BLEU-4 bin (no brevity penalty)",
+               ylabel=f"tokens per verify step (k={k} chain)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    return fig

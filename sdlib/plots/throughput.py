@@ -86,6 +86,12 @@ def plot_acceptance_table(acc: pd.DataFrame, title: str, value: str = "mean_acce
     return fig
 
 
+def roofline_title(device: dict) -> str:
+    """``No-SD decode vs roofline (<device>: <bandwidth> GB/s copy, <rate> TFLOP/s bf16)``."""
+    return (f"No-SD decode vs roofline ({device['device']}: {device['copy_bandwidth_gb_s']:.0f} GB/s copy, "
+            f"{device['bf16_matmul_tflop_s']:.0f} TFLOP/s bf16)")
+
+
 def plot_roofline(tp_none: pd.DataFrame, roof: pd.DataFrame, title: str):
     """Measured no-SD tokens/s vs batch size against the memory- and compute-bound rooflines."""
     fig, axes = new_figure(1, 1, width=6.0, height=4.2)

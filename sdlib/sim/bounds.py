@@ -1,19 +1,27 @@
-"""The simulator's bounds, summarised: best fixed k vs Oracle Proposal vs Oracle Combine, and the two conventions compared.
+"""The simulator's bounds, summarised: best fixed k vs Oracle Proposal vs Oracle Combine, the two conventions
+compared, where fixed k stops paying per cost model, and the headline numbers (notebook 05's tables).
 
 Usage:
     from sdlib.sim.bounds import bounds_stack, compare_conventions
     st = bounds_stack(table)   # table: sdlib.sim.oracle.simulate(...)
+    summary = convention_summary(compare_conventions(table))
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from sdlib.analysis.measures import crossover_table
 from sdlib.paths import FIGURES_DIR
-from sdlib.sim.oracle import TABLE_COLUMNS, Convention, get_convention
+from sdlib.sim.costmodel import CostModel
+from sdlib.sim.oracle import TABLE_COLUMNS, Convention, PreparedTraces, get_convention, parse_predict_method, simulate
+
+#: The two proposers simulated on their own (``combined`` picks between them per step).
+SINGLE_PROPOSERS = ("eagle3", "ngram")
 
 #: the convention fields, with a short name for each quirk
 QUIRKS = {"index_shift": "look-up index shift", "combine_draft": "Combine drafting price",
@@ -73,7 +81,7 @@ def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
     (Combine over the larger of the two) are clipped at 0 for stacking; ``stack_top``
     is the stacked height.
     """
-    t = table[table.proposer.isin(["eagle3", "ngram"])]
+    t = table[table.proposer.isin(SINGLE_PROPOSERS)]
     fixed = t[t.predict_method.str.startswith("FIXED_")].sort_values("speedup")
     fixed = fixed.groupby(["dataset", "batch_size"]).tail(1)
     fixed = fixed.assign(best_fixed_label=fixed.proposer + " k=" + fixed.predict_method.str[6:])
@@ -89,3 +97,66 @@ def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
     out["combine_gain"] = (out["combine_oracle"] - np.maximum(out.best_fixed, out.best_oracle)).clip(lower=0).fillna(0)
     out["stack_top"] = out.best_fixed + out.oracle_gain + out.combine_gain
     return out.sort_values(["dataset", "batch_size"]).reset_index(drop=True)
+
+
+def fixed_k_rows(table: pd.DataFrame, cost_model: str, convention: str, batch_size: int = 1) -> pd.DataFrame:
+    """The ``FIXED_k`` rows of one cost model, convention and batch size, with their draft length ``k``
+    (the simulator's markers beside Leviathan's closed form)."""
+    out = table[(table.batch_size == batch_size) & (table.convention == convention) & (table.cost_model == cost_model)
+                & table.predict_method.str.startswith("FIXED_")].copy()
+    out["k"] = out.predict_method.map(parse_predict_method)
+    return out
+
+
+def convention_summary(cmp_: pd.DataFrame) -> pd.DataFrame:
+    """Per (cost model, proposer, predict method) of :func:`compare_conventions`: the mean ratio and the
+    smallest, largest and largest absolute difference between the two conventions."""
+    return (cmp_.groupby(["cost_model", "proposer", "predict_method"])
+            .agg(mean_ratio=("ratio", "mean"), min_diff=("diff", "min"), max_diff=("diff", "max"),
+                 max_abs_diff=("diff", lambda d: d.abs().max()))
+            .reset_index())
+
+
+def convention_ablation_table(prep: PreparedTraces, cost_model: CostModel, proposers: Sequence[str],
+                              base: str = "authors", target: str = "corrected", batch_sizes: Sequence[int] = (1, 128),
+                              predict_methods: Sequence[str] = ("FIXED_5", "ORACLE"),
+                              sample: Optional[str | int] = None) -> pd.DataFrame:
+    """Speedup under each convention of :func:`convention_ablation` (``base``, one quirk at a time as in
+    ``target``, ``target``), one column per convention in that order, a row per (dataset, proposer,
+    predict method, batch size)."""
+    ablation = convention_ablation(base, target)
+    abl = simulate(prep, cost_models=[cost_model], batch_sizes=list(batch_sizes), proposers=proposers,
+                   predict_methods=list(predict_methods), conventions=list(ablation.values()), sample=sample)
+    return abl.pivot_table(index=["dataset", "proposer", "predict_method", "batch_size"], columns="convention",
+                           values="speedup", sort=False)[list(ablation)].reset_index()
+
+
+#: Column names of :func:`crossover_by_cost_model` (named after the simulated range, bs 1..512).
+CROSSOVER_COLUMNS = {"first": "speedup_bs1", "last": "speedup_bs512", "below": "first_bs_below_{thr:g}",
+                     "paying": None}
+CROSSOVER_BATCH_SIZES = (1, 8, 16, 32, 64, 128, 256, 512)
+
+
+def crossover_by_cost_model(prep: PreparedTraces, cost_models: Sequence[CostModel], convention: str,
+                            sample: Optional[str | int] = None, batch_sizes: Sequence[int] = CROSSOVER_BATCH_SIZES,
+                            proposers: Sequence[str] = SINGLE_PROPOSERS, predict_method: str = "FIXED_3",
+                            thresholds: Sequence[float] = (1.2, 1.0)) -> pd.DataFrame:
+    """Per (cost model, proposer, dataset): the first simulated batch size at which ``predict_method``'s
+    speedup falls below each threshold (NA: not within ``batch_sizes``), by
+    :func:`sdlib.analysis.measures.crossover_table` on the simulated table."""
+    xs = simulate(prep, cost_models=list(cost_models), batch_sizes=list(batch_sizes), proposers=list(proposers),
+                  predict_methods=[predict_method], conventions=[convention], sample=sample)
+    return crossover_table(xs, by=("cost_model", "proposer", "dataset"), thresholds=thresholds,
+                           columns=CROSSOVER_COLUMNS)
+
+
+def headline_table(table: pd.DataFrame, dataset: str, cost_model: str) -> pd.DataFrame:
+    """Per (convention, batch size) of one dataset and cost model: the best fixed k (proposer, predict
+    method, ``best_fixed`` speedup) and Oracle Combine's speedup (``combine_oracle``)."""
+    d = table[(table.dataset == dataset) & (table.cost_model == cost_model)]
+    best_fixed = (d[d.predict_method.str.startswith("FIXED_") & (d.proposer != "combined")]
+                  .sort_values("speedup").groupby(["convention", "batch_size"]).tail(1)
+                  .set_index(["convention", "batch_size"])[["proposer", "predict_method", "speedup"]]
+                  .rename(columns={"speedup": "best_fixed"}))
+    comb = d[(d.proposer == "combined") & (d.predict_method == "ORACLE")].set_index(["convention", "batch_size"])["speedup"]
+    return best_fixed.join(comb.rename("combine_oracle")).sort_index()

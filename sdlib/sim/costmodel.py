@@ -168,6 +168,20 @@ def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
     return CostModel.load(resolve(name_or_path))
 
 
+def find_cost_models(patterns) -> list[str]:
+    """Cost-model JSON files matching repo-relative globs (e.g. ``data/costmodels/*.json``), sorted, each once."""
+    import glob
+
+    from sdlib.paths import resolve
+
+    return sorted({p for g in patterns for p in glob.glob(str(resolve(g)))})
+
+
+def load_cost_models(paths, first: Optional[CostModel] = AUTHORS_H100_LLAMA8B) -> list[CostModel]:
+    """``first`` (the authors' fit by default; None: none) followed by the models saved in ``paths``."""
+    return ([first] if first is not None else []) + [CostModel.load(p) for p in paths]
+
+
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     coef, *_ = np.linalg.lstsq(X, y, rcond=None)
     return coef
