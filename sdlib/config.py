@@ -62,6 +62,16 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
     return _folder_fingerprint(str(p), max((f.stat().st_mtime for f in p.iterdir()), default=0.0))
 
 
+#: Fields added after sweeps were committed: left out of a cell's key while they hold their default, so
+#: the run ids of existing results do not change.
+_ADDED_FIELDS: dict[str, Any] = {"replay": None, "datasets": None, "batch_sizes": None, "full_traces": False}
+
+
+def _key_dict(obj) -> dict[str, Any]:
+    d = dataclasses.asdict(obj)
+    return {k: v for k, v in d.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-")
 
@@ -103,6 +113,8 @@ class MethodConfig:
     # trace replay (sdlib.sim.replay.POLICIES): acceptance pinned to the workload's traces; the method's engine
     # path and k run for real. Methods that differ only in replay share one engine.
     replay: Optional[str] = None
+    datasets: Optional[list[str]] = None  # workload labels this method runs on (default: all)
+    batch_sizes: Optional[list[int]] = None  # batch sizes this method runs at (default: the sweep's)
 
     @model_validator(mode="after")
     def _check(self) -> "MethodConfig":
@@ -220,13 +232,14 @@ class Cell:
     batch_mode: str
     warmup_requests: int
     num_requests: int  # requests measured in this cell (closed loop may scale it with batch size)
+    warmup_scope: str = "cell"
 
     def key(self) -> dict[str, Any]:
         """Everything that defines the cell's result (hashed into run_id)."""
-        return {
-            "model": dataclasses.asdict(self.model),
-            "method": dataclasses.asdict(self.method),
-            "workload": dataclasses.asdict(self.workload),
+        key = {
+            "model": _key_dict(self.model),
+            "method": _key_dict(self.method),
+            "workload": _key_dict(self.workload),
             "batch_size": self.batch_size,
             "repeat": self.repeat,
             "batch_mode": self.batch_mode,
@@ -235,6 +248,9 @@ class Cell:
             "model_fingerprint": model_fingerprint(self.model.path),
             "draft_fingerprint": model_fingerprint(self.method.model),
         }
+        if self.warmup_scope != "cell":
+            key["warmup_scope"] = self.warmup_scope
+        return key
 
     @property
     def run_id(self) -> str:
@@ -264,6 +280,9 @@ class SweepConfig:
     repeats: int = Field(1, ge=1)
     batch_mode: Literal[BATCH_MODES] = "closed_loop"
     warmup_requests: int = Field(2, ge=0)  # requests run (and dropped) before each cell's window
+    # "cell": warm up before every cell; "batch_size": once per (engine, batch size), with the cell's prompts
+    # (cheaper on a GPU; graph capture and JIT depend on shapes, not prompts)
+    warmup_scope: Literal["cell", "batch_size"] = "cell"
     # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer
     requests_per_slot: Optional[int] = Field(None, ge=1)
@@ -303,6 +322,14 @@ class SweepConfig:
             for t in m.targets or []:
                 if t not in model_names:
                     raise ValueError(f"methods.{m.label}.targets: {t!r} is not one of {sorted(model_names)}")
+        wl_names = {w.label for w in self.workloads}
+        for m in self.methods:
+            bad = sorted(set(m.datasets or []) - wl_names)
+            if bad:
+                raise ValueError(f"methods.{m.label}.datasets: {bad} are not workloads of this sweep ({sorted(wl_names)})")
+            bad_bs = sorted(set(m.batch_sizes or []) - set(self.batch_sizes))
+            if bad_bs:
+                raise ValueError(f"methods.{m.label}.batch_sizes: {bad_bs} are not in batch_sizes {self.batch_sizes}")
         engines: dict[str, str] = {}
         for m in self.methods:
             key = m.engine_label if m.replay else m.label
@@ -333,14 +360,19 @@ class SweepConfig:
                 if method.targets and model.name not in method.targets:
                     continue
                 for wl in self.workloads:
+                    if method.datasets and wl.label not in method.datasets:
+                        continue
                     for bs in self.batch_sizes:
+                        if method.batch_sizes and bs not in method.batch_sizes:
+                            continue
                         n = wl.num_requests
                         if self.requests_per_slot and self.batch_mode == "closed_loop":
                             n = max(n, self.requests_per_slot * bs)
                         for rep in range(self.repeats):
                             out.append(Cell(model=model, method=method, workload=wl, batch_size=bs,
                                             repeat=rep, batch_mode=self.batch_mode,
-                                            warmup_requests=self.warmup_requests, num_requests=n))
+                                            warmup_requests=self.warmup_requests, num_requests=n,
+                                            warmup_scope=self.warmup_scope))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -99,3 +99,27 @@ def test_papermill_files_name_a_shipped_config():
 def test_missing_file():
     with pytest.raises(ConfigError, match="not found"):
         load_sweep("configs/does_not_exist.yaml")
+
+
+def test_committed_embedded_sweep_cells_keep_their_run_ids():
+    """Adding config fields must not change the run ids of committed results (a rerun would redo them)."""
+    from sdlib.store import SweepStore
+
+    sweep = load_sweep(CONFIGS_DIR / "embedded_default.yaml")
+    ids = {c.run_id for c in sweep.cells()}
+    assert ids == SweepStore(sweep.out_dir).done_ids()
+
+
+def test_method_filters_and_warmup_scope():
+    s = parse_sweep({"name": "f", "models": [{"path": "/m"}],
+                     "methods": [{"name": "none"}, {"name": "ngram", "datasets": ["gsm8k"], "batch_sizes": [4]}],
+                     "workloads": [{"dataset": "gsm8k"}, {"dataset": "sharegpt"}], "batch_sizes": [1, 4],
+                     "warmup_scope": "batch_size"})
+    cells = s.cells()
+    assert len([c for c in cells if c.method.name == "none"]) == 4
+    ng = [c for c in cells if c.method.name == "ngram"]
+    assert [(c.workload.dataset, c.batch_size) for c in ng] == [("gsm8k", 4)]
+    assert all(c.warmup_scope == "batch_size" for c in cells) and "warmup_scope" in cells[0].key()
+    with pytest.raises(ConfigError, match="datasets"):
+        parse_sweep({"name": "f", "models": [{"path": "/m"}], "methods": [{"name": "ngram", "datasets": ["aime"]}],
+                     "workloads": [{"dataset": "gsm8k"}], "batch_sizes": [1]})

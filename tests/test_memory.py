@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from sdlib.analysis import memory as M
-from sdlib.models.shapes import SHAPES, kv_bytes_per_token
+from sdlib.models.shapes import SHAPES, kv_bytes_per_token, param_count
 
 
 def _row(table, target, method, note=None):
@@ -111,7 +111,7 @@ def test_embedded_models_match_manifest():
         assert r["static_source"] == "safetensors"
         cfg = M.load_config(MODELS_DIR / key)
         kind = M.head_kind(method, cfg)
-        n = M.head_param_count(cfg, kind) if kind else __import__("sdlib.models.shapes").shapes.param_count(cfg)
+        n = M.head_param_count(cfg, kind) if kind else param_count(cfg)
         assert n == params[key]
         # safetensors bytes = params x 2 (bf16) + EAGLE-3's d2t (int64) and t2d (bool) maps
         extra = (cfg.get("draft_vocab_size", 0) * 8 + cfg["vocab_size"]) if kind == "eagle3" else 0

@@ -56,8 +56,12 @@ def run_group(spec: dict[str, Any]) -> int:
     sweep = parse_sweep(spec["sweep"])
     wanted = set(spec["run_ids"])
     cells = [c for c in sweep.cells() if c.run_id in wanted]
-    if not cells:
-        return 0
+    if len(cells) != len(wanted):  # the supervisor and this process must agree on every cell's identity
+        have = sorted(c.run_id for c in sweep.cells())
+        print(f"worker: {len(wanted) - len(cells)} of {len(wanted)} run ids are not cells of this config here "
+              f"(e.g. {sorted(wanted - {c.run_id for c in cells})[:2]}; this process computes {have[:2]}...)",
+              file=sys.stderr)
+        return 4
     store = SweepStore(sweep.out_dir)
     model, method = cells[0].model, cells[0].method
     max_batch = max(c.batch_size for c in cells)
@@ -90,6 +94,7 @@ def run_group(spec: dict[str, Any]) -> int:
     engine = llm.llm_engine
     prompts_cache: dict[str, list] = {}
     traces_cache: dict[str, Any] = {}
+    warmed: set[int] = set()  # batch sizes warmed up on this engine (warmup_scope "batch_size")
     dead = None
     bar = tqdm(cells, desc=f"{model.name} / {method.label}", unit="cell", file=sys.stderr)
     for cell in bar:
@@ -120,7 +125,8 @@ def run_group(spec: dict[str, Any]) -> int:
                 mt = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
                 return vc.delta_sampling_params(mt, wl.temperature, wl.seed, wl.ignore_eos)
 
-            if cell.warmup_requests:
+            if cell.warmup_requests and (cell.warmup_scope == "cell" or cell.batch_size not in warmed):
+                warmed.add(cell.batch_size)
                 warm = prompts[: cell.warmup_requests]
                 drive(engine, warm, min(cell.batch_size, len(warm)), params, id_prefix=f"warm-{cell.run_id}-")
             started_at = utc_now()

@@ -71,9 +71,8 @@ def llm_kwargs(model, method, engine, max_batch: int, seed: int, detailed: Optio
     spec = method.speculative_config()
     if spec is not None:
         kw["speculative_config"] = spec
-        if detailed is None:
-            detailed = has_detailed_metrics()
-        if detailed:
+        # per-request acceptance exists from vLLM 0.29; on older versions steps come from tokens gained
+        if (detailed is None or detailed) and has_detailed_metrics():
             kw["per_request_spec_decode_metrics"] = "detailed"
     kw.update(engine.extra)
     return kw
