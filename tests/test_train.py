@@ -386,6 +386,27 @@ def test_parse_shares_and_bad_input_exits_2(data, capsys):
     assert "eagle4" in capsys.readouterr().err
 
 
+def test_max_steps_from_the_kept_runs_log(data, capsys):
+    """``--max-steps-from`` reads the step counts a run logged; the README's retrain command quotes them."""
+    import re
+
+    from sdlib.paths import REPO_ROOT, TRAINED_MODELS_DIR
+
+    log = TRAINED_MODELS_DIR / "train_logs" / "run2_shares_25-15-30-30_kept" / "train_log.json"
+    kept = cli.steps_from_log(log)
+    assert set(kept) == set(MODEL_COMPONENTS) and min(kept.values()) > 0
+    assert cli.steps_from_log(TRAINED_MODELS_DIR / "manifest.json") == kept  # the committed weights' run
+    assert cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps-from", str(log)]) == 0
+    assert json.loads(capsys.readouterr().out)["max_steps"] == kept
+    assert cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps-from", str(data / "prepare.json")]) == 2
+    assert "no stage step counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps", "3", "--max-steps-from", str(log)])
+    assert e.value.code == 2
+    quoted = re.findall(r"--max-steps (\S+)", (REPO_ROOT / "README.md").read_text())
+    assert quoted and all(cli.parse_max_steps(q.strip("`")) == kept for q in quoted), quoted
+
+
 def test_help_says_what_each_step_does(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])

@@ -9,7 +9,7 @@ Usage:
     sdlib train fit --data .train --dry-run               # the plan
     sdlib train fit --data .train --out data/models --device cuda        # the kept run's settings (240 s)
     sdlib train fit --data .train --out data/models --device cuda \\
-        --max-steps target=2147,draft=1500,eagle=1795,eagle3=1606      # the kept run, step for step
+        --max-steps-from data/models/train_logs/run2_shares_25-15-30-30_kept/train_log.json  # step for step
     sdlib train fit --data .train --out /tmp/m --device cpu --max-steps 3 --batch-size 2
     sdlib train check --models /tmp/m                     # CPU vLLM, one engine at a time
     sdlib train cards                                     # data/models/README.md
@@ -26,6 +26,7 @@ from typing import Optional, Union
 from sdlib.models.train.presets import MODEL_COMPONENTS, PRESETS, SWEEP_SEED
 from sdlib.paths import SWEEPS_DIR, TRAINED_MODELS_DIR, resolve
 
+DESCRIPTION = "Prepare the corpus, fit the four embedded models, check them in vLLM, write their model cards."
 EPILOG = """\
 steps, in order:
   prepare  (CPU)  tokenizer + configs (sdlib.models.tinymodels) and the tokenized chat corpus
@@ -71,6 +72,17 @@ def parse_max_steps(text: str) -> Union[int, dict]:
     return out
 
 
+def steps_from_log(path: Path) -> dict:
+    """``{component: steps}`` that a run logged: a ``train_log.json`` (``stages``) or a models
+    folder's ``manifest.json`` (``training``); stages that failed are left out."""
+    log = json.loads(Path(path).read_text())
+    stages = log.get("stages") or log.get("training") or {}
+    out = {c: int(stages[c]["steps"]) for c in MODEL_COMPONENTS if c in stages and stages[c].get("steps")}
+    if not out:
+        raise ValueError(f"{path}: no stage step counts (not a train_log.json or manifest.json of a fit)")
+    return out
+
+
 def parse_shares(text: str) -> dict:
     """Four positive numbers ``target,draft,eagle,eagle3`` -> ``{component: share}``."""
     try:
@@ -100,7 +112,7 @@ def build_parser(prog: str = "sdlib train") -> argparse.ArgumentParser:
     from sdlib.models.train.fit import FitConfig
 
     d = FitConfig()
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].strip("`"),
+    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="<step>")
 
@@ -131,10 +143,15 @@ def build_parser(prog: str = "sdlib train") -> argparse.ArgumentParser:
     f.add_argument("--shares", type=parse_shares, default=None,
                    help="time shares target,draft,eagle,eagle3 (default: "
                         + ",".join(f"{d.shares[c]:g}" for c in MODEL_COMPONENTS) + ")")
-    f.add_argument("--max-steps", type=parse_max_steps, default=None, metavar="N|STAGE=N,...",
-                   help="optimizer steps instead of the time budget: N for every stage, or per stage, "
-                        "e.g. target=2147,draft=1500,eagle=1795,eagle3=1606 (stages not named keep their "
-                        "time budget)")
+    steps = f.add_mutually_exclusive_group()
+    steps.add_argument("--max-steps", type=parse_max_steps, default=None, metavar="N|STAGE=N,...",
+                       help="optimizer steps instead of the time budget: N for every stage, or per stage, "
+                            "e.g. target=2147,draft=1500,eagle=1795,eagle3=1606 (stages not named keep their "
+                            "time budget)")
+    steps.add_argument("--max-steps-from", default=None, metavar="LOG",
+                       help="the step counts a run logged (its train_log.json, or a models folder's "
+                            "manifest.json), e.g. data/models/train_logs/run2_shares_25-15-30-30_kept/"
+                            "train_log.json: that run, step for step")
     f.add_argument("--batch-size", type=int, default=None, help=f"windows per step (default: {d.batch_size})")
     f.add_argument("--seq-len", type=int, default=None, help="window length (default: the data's)")
     f.add_argument("--eval-windows", type=int, default=None, help=f"held-out windows (default: {d.eval_windows})")
@@ -161,7 +178,7 @@ def build_parser(prog: str = "sdlib train") -> argparse.ArgumentParser:
     c.add_argument("--data", default=None, help="use held-out prompts of this prepared folder")
     c.add_argument("--max-prompt-len", type=int, default=512)
 
-    o = sub.add_parser("_check-one", help=argparse.SUPPRESS)
+    o = sub.add_parser("_check-one")  # no help=: not listed (one engine, what `check` runs per method)
     o.add_argument("--models", required=True)
     o.add_argument("--method", required=True)
     o.add_argument("-k", type=int, default=3)
@@ -177,8 +194,6 @@ def build_parser(prog: str = "sdlib train") -> argparse.ArgumentParser:
     cd.add_argument("--sweep", default=None,
                     help="sweep results folder for measured acceptance ('' for none; default: the "
                          "repository's data/sweeps/embedded_default)")
-    # one entry per step in the listing (argparse prints the hidden one's name otherwise)
-    sub._choices_actions = [ch for ch in sub._choices_actions if ch.dest != "_check-one"]
     return ap
 
 
@@ -192,6 +207,12 @@ def main(argv: Optional[list[str]] = None, prog: str = "sdlib train") -> int:
         from sdlib.models.train.fit import fit, plan_summary
 
         data = user_path(a.data)
+        if a.max_steps_from:
+            try:
+                a.max_steps = steps_from_log(user_path(a.max_steps_from))
+            except (OSError, ValueError) as err:
+                print(f"error: --max-steps-from: {err}", file=sys.stderr)
+                return 2
         cfg = fit_config(a)
         if a.dry_run:
             print(json.dumps(plan_summary(data, cfg), indent=2))
