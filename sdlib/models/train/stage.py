@@ -47,7 +47,7 @@ def optimizer(cfg, module, lr: float, device):
 
 def train_stage(tr, c: str, budget_s: float) -> dict:
     """Train component ``c`` for ``budget_s`` seconds, or for ``tr.cfg.stage_steps(c)`` optimizer steps
-    when set; ``tr`` is the :class:`~sdlib.models.train.fit.Trainer`. The learning rate warms up, then
+    when set; ``tr`` is the :class:`~sdlib.models.train.trainer.Trainer`. The learning rate warms up, then
     follows a cosine over the elapsed fraction of the budget (of the steps); the best of
     ``evals_per_stage`` held-out evaluations is kept. Returns the stage's log; the module is left frozen
     in ``tr.modules[c]``."""
