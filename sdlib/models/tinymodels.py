@@ -1,8 +1,8 @@
-"""Embedded tiny models: a tokenizer, a Llama target, a draft and EAGLE heads.
+"""Embedded tiny models with random weights: a tokenizer, a Llama target, a draft and EAGLE heads.
 
-The project's CI default runs speculative decoding on models it makes itself, so
-nothing is downloaded. :func:`build_models` writes five folders that the CPU
-build of vLLM loads as they are:
+The project runs speculative decoding on models it makes itself, so nothing is
+downloaded. :func:`build_models` writes five folders that the CPU build of
+vLLM loads as they are:
 
 - ``tokenizer``: a byte-level BPE (``tokenizers``) trained on a few MB of
   ShareGPT conversations, HumanEval problems and Python standard-library
@@ -22,12 +22,18 @@ build of vLLM loads as they are:
   vLLM's default ``(2, L//2, L-3)`` collapses to two layers for a 4-layer
   target, which is the aux-hidden-states shape error seen before.
 
-Weights are random (seeded) for now; a later step trains them. Sizes live in
-:class:`TinyModelsConfig`. Building takes a few seconds and is idempotent: a
-``manifest.json`` beside the folders records format version, seed and sizes,
-and a matching manifest returns at once.
+Weights are random (seeded). These folders serve twice: the engine tests run
+on them (``sdlib models`` -> ``.cache/models``; a draft identical to the
+target must accept every draft), and :mod:`sdlib.models.train` starts from
+them (``sdlib train prepare`` keeps their tokenizer, configs and weight
+layout; the trained weights the embedded sweep uses are in ``data/models``).
+Sizes live in :class:`TinyModelsConfig`; the shape of a stack is
+:class:`sdlib.models.llama_shape.LlamaShape`. Building takes a few seconds
+and is idempotent: a ``manifest.json`` beside the folders records format
+version, seed and sizes, and a matching manifest returns at once.
 
 Usage:
+    sdlib models                                          # -> .cache/models/
     python -c "from sdlib.models.tinymodels import build_models; print(build_models())"
 """
 
@@ -47,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdlib.models.llama_shape import LlamaShape
 from sdlib.paths import MODELS_DIR
 
 #: Bump when the layout or contents of the built folders change: a manifest
@@ -72,22 +79,6 @@ CHAT_TEMPLATE = (
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                     "special_tokens_map.json")
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """Shape of a Llama decoder stack (sizes in elements, not bytes)."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    head_dim: int = 32  # vLLM's CPU attention rejects 16
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
 
 @dataclass(frozen=True)
