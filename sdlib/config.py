@@ -56,6 +56,10 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
     weights get new run ids; None for hub ids and missing folders."""
     if not path:
         return None
+    if path.startswith("@shapes/"):  # config-only shapes: written on demand, so every machine agrees
+        from sdlib.models.shapes import write_shape
+
+        write_shape(path[len("@shapes/"):])
     p = resolve(path)
     if not p.is_dir():
         return None
