@@ -76,7 +76,8 @@ PAPER_BOUNDS = pd.DataFrame([
 def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
     """Per (dataset, batch_size): best fixed k (over eagle3/ngram and k), best Oracle Proposal, Oracle Combine.
 
-    ``table``: one convention and one cost model of :func:`speedup_table`. The
+    ``table``: one convention and one cost model of :func:`speedup_table` (or measured cells in its shape;
+    ``ORACLE_K`` rows count as Oracle Proposal / Combine, the best K per cell). The
     increments ``oracle_gain`` (best ORACLE over best fixed) and ``combine_gain``
     (Combine over the larger of the two) are clipped at 0 for stacking; ``stack_top``
     is the stacked height.
@@ -85,8 +86,10 @@ def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
     fixed = t[t.predict_method.str.startswith("FIXED_")].sort_values("speedup")
     fixed = fixed.groupby(["dataset", "batch_size"]).tail(1)
     fixed = fixed.assign(best_fixed_label=fixed.proposer + " k=" + fixed.predict_method.str[6:])
-    orc = t[t.predict_method == "ORACLE"].sort_values("speedup").groupby(["dataset", "batch_size"]).tail(1)
-    comb = table[(table.proposer == "combined") & (table.predict_method == "ORACLE")]
+    orc = t[t.predict_method.str.startswith("ORACLE")].sort_values("speedup")
+    orc = orc.groupby(["dataset", "batch_size"]).tail(1)
+    comb = table[(table.proposer == "combined") & table.predict_method.str.startswith("ORACLE")]
+    comb = comb.sort_values("speedup").groupby(["dataset", "batch_size"]).tail(1)
     out = (fixed[["dataset", "batch_size", "speedup", "best_fixed_label"]].rename(columns={"speedup": "best_fixed"})
            .merge(orc[["dataset", "batch_size", "speedup", "proposer"]]
                   .rename(columns={"speedup": "best_oracle", "proposer": "best_oracle_proposer"}),

@@ -105,6 +105,8 @@ class _State:
             self._tok = np.zeros((n_rows, width), dtype=np.int32)
         if self.kind == "v2":
             self._set_v2_table(plans)
+            if plans.ngram is not None:  # compile vLLM's n-gram kernel now, not inside a measured step
+                _v2_ngram_lookups(self, [])
 
     # ---- V1 (synchronous, host) ---------------------------------------------------------------------
     def lookup(self, rid: str, pos: int) -> Optional[tuple[int, int]]:
@@ -248,7 +250,7 @@ def _v2_ngram_lookups(st: _State, rids: list[str]) -> None:
     from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
 
     nmin, nmax = st.plans.ngram
-    n = len(rids)
+    n = max(len(rids), 1)
     num_tokens = np.zeros(n, dtype=np.int32)
     for i, rid in enumerate(rids):
         st.trace_tokens(i, rid)

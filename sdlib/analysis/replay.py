@@ -1,0 +1,199 @@
+"""Measured results of a trace-replay sweep: throughput per batch, speedups paired by prompt with bootstrap
+intervals, the calibration against synthetic acceptance, and what an engine step costs on each path.
+
+A replay sweep runs in the paper's batch mode: each prompt is one batch of B copies, and every policy runs
+the same prompts, so a speedup pairs each policy's batch with the no-SD batch of the same prompt. The
+interval resamples prompts (paired) with replacement.
+
+Usage:
+    from sdlib.analysis.replay import method_info, batch_throughput, paired_speedups
+    info = method_info(store.read_provenance())
+    sp = paired_speedups(batch_throughput(store.read("runs"), store.read("requests")), info)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: the no-SD method label every speedup is relative to
+BASELINE = "none"
+#: bootstrap resamples and seed for every interval here
+N_BOOT, SEED = 2000, 0
+
+
+def method_info(provenance: dict[str, Any]) -> pd.DataFrame:
+    """One row per method label of the sweep's config: ``method_label, method, K, replay, engine, synthetic_L``
+    (``engine`` = the engine path and K that ran it, e.g. ``eagle3-k3``)."""
+    rows = []
+    for m in provenance.get("config", {}).get("methods", []):
+        k = 0 if m["name"] == "none" else int(m.get("num_spec_tokens", 3))
+        opts = m.get("options") or {}
+        rows.append({"method_label": m["label"], "method": m["name"], "K": k, "replay": m.get("replay"),
+                     "engine": "none" if m["name"] == "none" else f"{m['name']}-k{k}",
+                     "synthetic_L": opts.get("synthetic_acceptance_length")})
+    return pd.DataFrame(rows, columns=["method_label", "method", "K", "replay", "engine", "synthetic_L"])
+
+
+#: a step this long (s) and this many times the cell's median step is a harness hiccup, not the engine
+HICCUP_MIN_S, HICCUP_FACTOR = 0.5, 50.0
+
+
+def harness_hiccups(requests: pd.DataFrame, engine_steps: pd.DataFrame) -> pd.DataFrame:
+    """Batches that contain an engine step of at least :data:`HICCUP_MIN_S` and :data:`HICCUP_FACTOR` times
+    the cell's median step (e.g. a one-off JIT compilation inside a measured batch): ``run_id, batch_index,
+    step_s, median_step_s``. They are listed, and left out of :func:`batch_throughput` when passed to it."""
+    rows = []
+    for rid, e in engine_steps.groupby("run_id"):
+        med = float(e["duration_s"].median())
+        bad = e[(e["duration_s"] >= HICCUP_MIN_S) & (e["duration_s"] >= HICCUP_FACTOR * med)]
+        if bad.empty:
+            continue
+        req = requests[requests["run_id"] == rid]
+        for st in bad.itertuples():
+            hit = req[(req["arrival_s"] <= st.start_s) & (req["finish_s"] >= st.start_s)]
+            for b in sorted(set(hit["batch_index"])):
+                rows.append({"run_id": rid, "batch_index": int(b), "step_s": float(st.duration_s),
+                             "median_step_s": med})
+    return pd.DataFrame(rows, columns=["run_id", "batch_index", "step_s", "median_step_s"])
+
+
+def batch_throughput(runs: pd.DataFrame, requests: pd.DataFrame,
+                     exclude: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (run, batch): output tokens / (last finish - first arrival), tok/s, with the run's dataset, method
+    and batch size (paper batch mode: a batch is B copies of one prompt). ``exclude``: batches to leave out
+    (``run_id, batch_index``, e.g. :func:`harness_hiccups`)."""
+    if exclude is not None and len(exclude):
+        drop = set(zip(exclude["run_id"], exclude["batch_index"].astype(int)))
+        requests = requests[[(r, int(b)) not in drop for r, b in zip(requests["run_id"], requests["batch_index"])]]
+    r = requests.groupby(["run_id", "batch_index"]).agg(
+        prompt_index=("prompt_index", "first"), output_tokens=("output_tokens", "sum"),
+        t0=("arrival_s", "min"), t1=("finish_s", "max")).reset_index()
+    r["tok_per_s"] = r["output_tokens"] / (r["t1"] - r["t0"])
+    meta = runs[["run_id", "dataset", "method", "method_label", "num_spec_tokens", "batch_size"]]
+    return meta.merge(r.drop(columns=["t0", "t1"]), on="run_id")
+
+
+def _boot_ratio(num: np.ndarray, den: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
+    """95% interval of ``mean(num) / mean(den)`` resampling the pairs (rows) with replacement."""
+    if len(num) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(num), size=(n_boot, len(num)))
+    ratios = num[idx].mean(axis=1) / den[idx].mean(axis=1)
+    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, n_boot: int = N_BOOT,
+                    seed: int = SEED) -> pd.DataFrame:
+    """Per (dataset, method label, batch size): speedup = mean tok/s / mean no-SD tok/s over the prompts both
+    ran (the paper's definition, a ratio of means), with ``speedup_lo``/``speedup_hi`` (paired bootstrap over
+    prompts), ``tok_per_s`` and its interval, and ``n_prompts``."""
+    base = batches[batches["method_label"] == BASELINE].set_index(["dataset", "batch_size", "prompt_index"])
+    rows = []
+    for (ds, lab, bs), g in batches.groupby(["dataset", "method_label", "batch_size"]):
+        g = g.set_index(["dataset", "batch_size", "prompt_index"])
+        common = g.index.intersection(base.index)
+        num = g.loc[common, "tok_per_s"].to_numpy(float)
+        den = base.loc[common, "tok_per_s"].to_numpy(float)
+        lo, hi = _boot_ratio(num, den, n_boot, seed)
+        t = g["tok_per_s"].to_numpy(float)
+        tlo, thi = _boot_ratio(t, np.ones_like(t), n_boot, seed)
+        rows.append({"dataset": ds, "method_label": lab, "batch_size": int(bs), "n_prompts": len(common),
+                     "tok_per_s": float(t.mean()), "tok_per_s_lo": tlo, "tok_per_s_hi": thi,
+                     "speedup": float(num.mean() / den.mean()) if len(common) else float("nan"),
+                     "speedup_lo": lo, "speedup_hi": hi})
+    out = pd.DataFrame(rows)
+    return out.merge(info, on="method_label", how="left")
+
+
+def calibration_table(batches: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
+    """Replay accepting every draft vs vLLM's synthetic acceptance L = K + 1, and accepting none vs L = 1, on
+    the same engine path and K: tok/s of each, paired by prompt, and the relative difference."""
+    mi = info.set_index("method_label")
+    pairs = []
+    for lab, row in mi.iterrows():
+        if row["replay"] in ("accept_all", "accept_none"):
+            want = row["K"] + 1 if row["replay"] == "accept_all" else 1
+            syn = mi[(mi["engine"] == row["engine"]) & (mi["synthetic_L"].astype(float) == float(want))]
+            if len(syn):
+                pairs.append((lab, syn.index[0], row["replay"], want))
+    rows = []
+    for rep, syn, kind, L in pairs:
+        a, b = batches[batches["method_label"] == rep], batches[batches["method_label"] == syn]
+        for (ds, bs), ga in a.groupby(["dataset", "batch_size"]):
+            gb = b[(b["dataset"] == ds) & (b["batch_size"] == bs)]
+            m = ga.merge(gb, on="prompt_index", suffixes=("", "_syn"))
+            x, y = m["tok_per_s"].to_numpy(float), m["tok_per_s_syn"].to_numpy(float)
+            lo, hi = _boot_ratio(x, y, N_BOOT, SEED)
+            rows.append({"dataset": ds, "batch_size": int(bs), "replay": rep, "synthetic": syn, "kind": kind,
+                         "synthetic_L": L, "replay_tok_per_s": float(x.mean()), "synthetic_tok_per_s": float(y.mean()),
+                         "ratio": float(x.mean() / y.mean()), "ratio_lo": lo, "ratio_hi": hi,
+                         "within_3pct": bool(abs(x.mean() / y.mean() - 1) <= 0.03)})
+    return pd.DataFrame(rows)
+
+
+def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
+    """Per (engine, policy, batch size): median and interquartile engine-step time (ms) over decode steps
+    (steps where every running request gained tokens but none was prefilled), and tokens gained per step."""
+    es = engine_steps.merge(runs[["run_id", "method_label", "batch_size", "dataset"]], on="run_id")
+    es = es.merge(info[["method_label", "engine", "replay", "K"]], on="method_label", how="left")
+    decode = (es["num_running"] == es["batch_size"]) & \
+        (es["num_scheduled_tokens"].astype(float) <= es["batch_size"] * (1 + es["K"]))
+    es = es[decode]
+    g = es.groupby(["engine", "method_label", "replay", "K", "batch_size"], dropna=False)
+    out = g.agg(step_ms=("duration_s", lambda s: 1000 * float(np.median(s))),
+                step_ms_q25=("duration_s", lambda s: 1000 * float(np.percentile(s, 25))),
+                step_ms_q75=("duration_s", lambda s: 1000 * float(np.percentile(s, 75))),
+                tokens_per_step=("num_new_tokens", "mean"), steps=("duration_s", "size")).reset_index()
+    out["tokens_per_step"] = out["tokens_per_step"] / out["batch_size"]
+    return out
+
+
+def simulator_labels(sp: pd.DataFrame) -> pd.DataFrame:
+    """Adds the simulator's ``proposer`` and ``predict_method`` of each replayed policy (``FIXED_K``,
+    ``ORACLE_K``; Combine = proposer ``combined``), so measured cells read like the simulator's table."""
+    from sdlib.sim.replay import simulator_spec
+
+    out = sp[sp["replay"].isin(("fixed", "oracle", "combine"))].copy()
+    specs = [simulator_spec(m, r, int(k)) for m, r, k in zip(out["method"], out["replay"], out["K"])]
+    out["proposer"] = [a for a, _ in specs]
+    out["predict_method"] = [b for _, b in specs]
+    return out
+
+
+def measured_stack(sp: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, batch size): the best measured fixed policy, the best Oracle Proposal, the best Oracle
+    Combine (:func:`sdlib.sim.bounds.bounds_stack` on the measured cells), with each best cell's interval."""
+    from sdlib.sim.bounds import bounds_stack
+
+    cells = simulator_labels(sp)
+    st = bounds_stack(cells)
+    ci = cells.set_index(["dataset", "batch_size", "speedup"])[["speedup_lo", "speedup_hi"]]
+    ci = ci[~ci.index.duplicated()]
+    for col in ("best_fixed", "best_oracle", "combine_oracle"):
+        idx = list(zip(st["dataset"], st["batch_size"], st[col]))
+        st[f"{col}_lo"] = [ci["speedup_lo"].get(i, np.nan) for i in idx]
+        st[f"{col}_hi"] = [ci["speedup_hi"].get(i, np.nan) for i in idx]
+    return st
+
+
+def sim_vs_measured(sp: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
+    """Measured cells beside every prediction of the same cell (``predictor`` = cost model and variant):
+    ``speedup`` (measured, with its interval), ``speedup_sim`` and ``error`` = predicted / measured - 1."""
+    pred = predictions.assign(predictor=predictions["cost_model"] + ", " + predictions["variant"])
+    out = sp.merge(pred[["dataset", "method_label", "batch_size", "predictor", "speedup_sim"]],
+                   on=["dataset", "method_label", "batch_size"])
+    out["error"] = out["speedup_sim"] / out["speedup"] - 1
+    out["inside_ci"] = (out["speedup_sim"] >= out["speedup_lo"]) & (out["speedup_sim"] <= out["speedup_hi"])
+    return out
+
+
+def error_summary(cmp_: pd.DataFrame) -> pd.DataFrame:
+    """Per (predictor, batch size): median and mean absolute error, share of cells whose prediction falls
+    inside the measured interval."""
+    g = cmp_.assign(abs_error=cmp_["error"].abs()).groupby(["predictor", "batch_size"])
+    return g.agg(cells=("error", "size"), median_abs_error=("abs_error", "median"), mean_error=("error", "mean"),
+                 inside_ci=("inside_ci", "mean")).reset_index()

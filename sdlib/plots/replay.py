@@ -1,0 +1,154 @@
+"""Notebook 06's figures: trace replay in a real engine (calibration, the price of K, simulated vs measured,
+the measured bounds stack, speedup vs batch size with real acceptance).
+
+Usage:
+    from sdlib.plots.replay import plot_calibration
+    fig = plot_calibration(calibration_table(batches, info), title)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from sdlib.plots.bounds import REFERENCE_STACK, plot_bounds_stack
+from sdlib.plots.style import new_figure
+
+#: colours per policy family
+FAMILY_COLORS = {"fixed": "C0", "oracle": "C1", "combine": "C2"}
+#: marker per engine path
+PATH_MARKERS = {"eagle3": "o", "ngram": "s", "draft_model": "^", "eagle": "v"}
+
+
+def _err(d: pd.DataFrame, col: str, lo: str, hi: str) -> np.ndarray:
+    return np.vstack([(d[col] - d[lo]).clip(lower=0), (d[hi] - d[col]).clip(lower=0)]).astype(float)
+
+
+def plot_calibration(cal: pd.DataFrame, title: str, tolerance: float = 0.03):
+    """Replay / synthetic tok/s per batch size (accept all vs L = K + 1; accept none vs L = 1) with the
+    paired interval, inside the ± ``tolerance`` band."""
+    fig, axes = new_figure(1, 1, width=5.6, height=3.6)
+    ax = axes[0][0]
+    kinds = list(dict.fromkeys(cal["kind"]))
+    bss = sorted(cal["batch_size"].unique())
+    w = 0.8 / max(len(kinds), 1)
+    for i, kind in enumerate(kinds):
+        d = cal[cal["kind"] == kind].set_index("batch_size").reindex(bss)
+        x = np.arange(len(bss)) + (i - (len(kinds) - 1) / 2) * w
+        L = int(d["synthetic_L"].dropna().iloc[0])
+        ax.errorbar(x, d["ratio"], yerr=_err(d, "ratio", "ratio_lo", "ratio_hi"), fmt="o", capsize=3,
+                    label=f"replay {kind.replace('_', ' ')} / synthetic L={L}")
+    ax.axhspan(1 - tolerance, 1 + tolerance, color="grey", alpha=0.15, label=f"±{100 * tolerance:.0f}%")
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
+    ax.set(xlabel="batch size", ylabel="tok/s ratio (95% CI over prompts)")
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def plot_price_of_k(costs: pd.DataFrame, title: str):
+    """Median engine-step time (interquartile bar) vs K per engine path, a line per batch size; the no-SD
+    step at K = 0."""
+    paths = [p for p in ("eagle3", "ngram") if costs["engine"].str.startswith(p).any()]
+    fig, axes = new_figure(1, len(paths), width=4.4, height=3.6, sharey=True)
+    base = costs[costs["engine"] == "none"]
+    for ax, path in zip(axes[0], paths):
+        d = costs[costs["engine"].str.startswith(path) & costs["replay"].isin(["fixed", "oracle"])]
+        for j, (bs, g) in enumerate(d.groupby("batch_size")):
+            g = g.groupby("K").agg(step_ms=("step_ms", "median"), q25=("step_ms_q25", "median"),
+                                   q75=("step_ms_q75", "median")).reset_index()
+            b = base[base["batch_size"] == bs]
+            ks = [0] + g["K"].tolist()
+            ms = [float(b["step_ms"].iloc[0]) if len(b) else np.nan] + g["step_ms"].tolist()
+            ax.plot(ks, ms, marker="o", color=f"C{j}", label=f"bs {bs}")
+            ax.vlines(g["K"], g["q25"], g["q75"], color=f"C{j}", lw=1)
+        ax.set(title=f"{path} path", xlabel="K = num_speculative_tokens (0: no SD)",
+               ylabel="median engine step, ms" if path == paths[0] else "")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_sim_vs_measured(cmp_: pd.DataFrame, predictors: Sequence[str], title: str):
+    """Predicted (y) vs measured (x, 95% CI) speedup per replayed cell, a panel per predictor, colour =
+    policy family, marker = engine path; the diagonal is a perfect prediction."""
+    fig, axes = new_figure(1, len(predictors), width=4.0, height=4.0, sharex=True, sharey=True)
+    hi = float(max(cmp_["speedup_hi"].max(), cmp_["speedup_sim"].max())) * 1.05
+    for ax, pred in zip(axes[0], predictors):
+        d = cmp_[cmp_["predictor"] == pred]
+        for (fam, path), g in d.groupby(["replay", "method"]):
+            ax.errorbar(g["speedup"], g["speedup_sim"], xerr=_err(g, "speedup", "speedup_lo", "speedup_hi"),
+                        fmt=PATH_MARKERS.get(path, "o"), color=FAMILY_COLORS.get(fam, "k"), ms=4, alpha=0.8,
+                        elinewidth=0.6, label=f"{path} {fam}")
+        ax.plot([0, hi], [0, hi], color="grey", lw=0.8)
+        err = (d["speedup_sim"] / d["speedup"] - 1).abs()
+        ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="measured speedup (H200)", title=f"{pred}\nmedian |error| "
+               f"{100 * float(err.median()):.0f}%")
+    axes[0][0].set_ylabel("predicted speedup")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_stacks(measured: pd.DataFrame, simulated: pd.DataFrame, datasets: Sequence[str],
+                batch_sizes: Sequence[int], title_measured: str, title_simulated: str):
+    """The bounds stack (best fixed, + Oracle Proposal, + Oracle Combine) measured (with the best Combine's
+    interval as a whisker) and simulated over the same cells; two figures."""
+    style = dataclasses.replace(REFERENCE_STACK, legend_axis=-1, legend_loc="upper right")
+    fm = plot_bounds_stack(measured, datasets, batch_sizes, title_measured, style)
+    for ax, bs in zip(fm.axes, batch_sizes):
+        s = measured[measured["batch_size"] == bs].set_index("dataset").reindex(list(datasets))
+        top = s["combine_oracle"]
+        ax.errorbar(np.arange(len(datasets)), top, yerr=_err(s, "combine_oracle", "combine_oracle_lo",
+                                                             "combine_oracle_hi"), fmt="none", color="k", capsize=3)
+    fs = plot_bounds_stack(simulated, datasets, batch_sizes, title_simulated, style)
+    return fm, fs
+
+
+def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str):
+    """Measured speedup vs batch size with its 95% band, a panel per dataset, a line per policy."""
+    ds = sorted(sp["dataset"].unique())
+    fig, axes = new_figure(1, len(ds), width=3.6, height=3.6, sharey=True)
+    for ax, d in zip(axes[0], ds):
+        for i, lab in enumerate(labels):
+            g = sp[(sp["dataset"] == d) & (sp["method_label"] == lab)].sort_values("batch_size")
+            if g.empty:
+                continue
+            ax.plot(g["batch_size"], g["speedup"], marker="o", ms=3, color=f"C{i}", label=lab)
+            ax.fill_between(g["batch_size"], g["speedup_lo"], g["speedup_hi"], color=f"C{i}", alpha=0.15)
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        bss = sorted(sp["batch_size"].unique())
+        ax.set_xticks(bss, [str(b) for b in bss])
+        ax.set(title=d, xlabel="batch size", ylabel="measured speedup over no SD" if d == ds[0] else "")
+    handles, lab_ = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, lab_, loc="lower center", ncol=min(len(labels), 4), fontsize=8, bbox_to_anchor=(0.5, -0.1))
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def replay_title(store, what: str = "") -> str:
+    """``<what>\\n<sweep>: <model> (<weights>), acceptance replayed from <traces>; <device>, vLLM <v>``, from
+    the sweep's provenance (what produced the data, for every figure of notebook 06)."""
+    prov = store.read_provenance()
+    cfg = prov.get("config", {})
+    engines = [e for inv in prov.get("invocations", []) for e in inv.get("engines", [])]
+    cards = {k: v for inv in prov.get("invocations", []) for k, v in inv.get("models", {}).items()}
+    models = []
+    for m in cfg.get("models", []):
+        card = cards.get(m.get("name"), {})
+        weights = "dummy weights" if m.get("load_format") == "dummy" else (
+            "trained" if card.get("trained") else ("random weights" if card.get("random_weights") else ""))
+        models.append(f"{m.get('name')} ({weights}, pinned)" if weights else m.get("name"))
+    srcs = sorted({"the authors' Llama-3.1-8B/H100 traces" if w.get("source") == "reference"
+                   else f"our traces ({w.get('path')})" for w in cfg.get("workloads", [])})
+    device = next((e.get("device") for e in reversed(engines) if e.get("device")), "")
+    ver = next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), "")
+    line = (f"{prov.get('sweep', store.dir.name)}: {', '.join(models)}; acceptance replayed from "
+            f"{' and '.join(srcs)}; {device.replace('CPU: ', 'CPU ')}, vLLM {ver}")
+    return f"{what}\n{line}" if what else line

@@ -1,0 +1,113 @@
+"""Notebook 06's computations on hand-made tables: batch throughput, paired speedups and their intervals,
+the calibration pairing, hiccup batches, the engine-step fits and the refit prediction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sdlib.analysis.replay import (batch_throughput, calibration_table, harness_hiccups, measured_stack, method_info,
+                                   paired_speedups, sim_vs_measured, simulator_labels)
+from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.replay import replay_plans, truncate_traces
+from sdlib.sim.replay_costs import StepFit, fit_engine_steps, refit_speedups
+
+PROV = {"config": {"methods": [
+    {"name": "none", "label": "none"},
+    {"name": "eagle3", "num_spec_tokens": 3, "label": "eagle3-k3-fixed", "replay": "fixed"},
+    {"name": "eagle3", "num_spec_tokens": 3, "label": "eagle3-k3-combine", "replay": "combine"},
+    {"name": "eagle3", "num_spec_tokens": 3, "label": "eagle3-k3-accept_all", "replay": "accept_all"},
+    {"name": "eagle3", "num_spec_tokens": 3, "label": "syn4", "options": {"synthetic_acceptance_length": 4.0}},
+    {"name": "ngram", "num_spec_tokens": 5, "label": "ngram-k5-oracle", "replay": "oracle"}]}}
+
+
+def _tables(rates: dict[str, list[float]], bs: int = 2):
+    """runs + requests: each label runs prompts 0..n-1 as batches of ``bs`` copies; batch b of label ``lab``
+    takes 10 * bs tokens in 10 * bs / rate seconds."""
+    runs, req = [], []
+    for lab, rs in rates.items():
+        rid = f"run-{lab}"
+        runs.append({"run_id": rid, "dataset": "d", "method": lab.split("-")[0], "method_label": lab,
+                     "num_spec_tokens": 3, "batch_size": bs})
+        t = 0.0
+        for b, rate in enumerate(rs):
+            dur = 10 * bs / rate
+            for c in range(bs):
+                req.append({"run_id": rid, "batch_index": b, "prompt_index": b, "output_tokens": 10,
+                            "arrival_s": t, "finish_s": t + dur})
+            t += dur
+    return pd.DataFrame(runs), pd.DataFrame(req)
+
+
+def test_batch_throughput_and_paired_speedup_with_interval():
+    runs, req = _tables({"none": [100.0, 200.0, 100.0], "eagle3-k3-fixed": [150.0, 300.0, 150.0]})
+    b = batch_throughput(runs, req)
+    assert sorted(b[b.method_label == "none"]["tok_per_s"].round(6)) == [100.0, 100.0, 200.0]
+    sp = paired_speedups(b, method_info(PROV))
+    row = sp[sp.method_label == "eagle3-k3-fixed"].iloc[0]
+    assert row.speedup == pytest.approx(1.5) and row.n_prompts == 3
+    assert row.speedup_lo == pytest.approx(1.5) and row.speedup_hi == pytest.approx(1.5)  # every pair is 1.5
+    assert row.replay == "fixed" and row.K == 3 and row.engine == "eagle3-k3"
+
+
+def test_interval_widens_with_spread_and_covers_the_ratio():
+    runs, req = _tables({"none": [100.0] * 6, "eagle3-k3-fixed": [100.0, 200.0, 120.0, 180.0, 140.0, 160.0]})
+    row = paired_speedups(batch_throughput(runs, req), method_info(PROV)).set_index("method_label").loc[
+        "eagle3-k3-fixed"]
+    assert row.speedup == pytest.approx(1.5)
+    assert row.speedup_lo < 1.5 < row.speedup_hi and row.speedup_hi - row.speedup_lo > 0.1
+
+
+def test_calibration_pairs_replay_with_synthetic():
+    runs, req = _tables({"eagle3-k3-accept_all": [400.0, 410.0], "syn4": [402.0, 400.0]})
+    cal = calibration_table(batch_throughput(runs, req), method_info(PROV))
+    assert len(cal) == 1 and cal.iloc[0].synthetic == "syn4" and cal.iloc[0].synthetic_L == 4
+    assert cal.iloc[0].ratio == pytest.approx(810 / 802) and bool(cal.iloc[0].within_3pct)
+
+
+def test_hiccup_batches_are_found_and_left_out():
+    runs, req = _tables({"none": [100.0, 100.0]})
+    es = pd.DataFrame({"run_id": "run-none", "start_s": [0.01, 0.05, 0.1, 0.25, 0.3],
+                       "duration_s": [0.01, 0.01, 0.01, 0.9, 0.01]})
+    h = harness_hiccups(req, es)
+    assert h[["run_id", "batch_index"]].values.tolist() == [["run-none", 1]]  # 0.25 s lies in batch 1
+    assert len(batch_throughput(runs, req, exclude=h)) == 1
+
+
+def test_measured_stack_and_errors():
+    sp = pd.DataFrame({"dataset": "d", "batch_size": 1, "method_label": ["eagle3-k3-fixed", "eagle3-k3-combine",
+                                                                          "ngram-k5-oracle"],
+                       "speedup": [1.5, 1.8, 1.2], "speedup_lo": [1.4, 1.6, 1.0], "speedup_hi": [1.6, 2.0, 1.4]})
+    sp = sp.merge(method_info(PROV), on="method_label")
+    st = measured_stack(sp).iloc[0]
+    assert st.best_fixed == 1.5 and st.best_oracle == 1.2 and st.combine_oracle == 1.8
+    assert st.oracle_gain == 0 and st.combine_gain == pytest.approx(0.3) and st.combine_oracle_lo == 1.6
+    pred = pd.DataFrame([{"dataset": "d", "batch_size": 1, "method_label": "eagle3-k3-fixed", "cost_model": "m",
+                          "variant": "ragged", "speedup_sim": 1.8}])
+    cmp_ = sim_vs_measured(simulator_labels(sp), pred)
+    assert cmp_.iloc[0].error == pytest.approx(0.2) and not cmp_.iloc[0].inside_ci
+    assert cmp_.iloc[0].predictor == "m, ragged" and cmp_.iloc[0].predict_method == "FIXED_3"
+
+
+def test_engine_step_fit_recovers_a_linear_model():
+    rng = np.random.default_rng(0)
+    kv, n = rng.uniform(100, 5000, 200), rng.integers(1, 500, 200)
+    es = pd.DataFrame({"run_id": "r", "num_context_tokens": kv, "num_scheduled_tokens": n, "num_running": 1,
+                       "duration_s": 0.004 + 2e-7 * kv + 3e-5 * n})
+    runs = pd.DataFrame({"run_id": ["r"], "method_label": ["eagle3-k3-fixed"]})
+    f = fit_engine_steps(runs, es, method_info(PROV))["eagle3-k3"]
+    assert f.fixed_s == pytest.approx(0.004) and f.kv_s == pytest.approx(2e-7) and f.n_s == pytest.approx(3e-5)
+    assert f.r2_all == pytest.approx(1.0) and f.inlier_share == 1.0
+
+
+def test_refit_with_a_fixed_step_cost_is_tokens_per_step():
+    rows = [{"dataset": "d", "request_id": "r0", "prompt_token_ids": [1, 2, 3], "output_token_ids": list(range(10)),
+             "method": m, "acc_len": [1, 3, 2, 1, 2, 2, 2, 2, 2, 1]} for m in ("ngram", "eagle3")]
+    prep = truncate_traces(prepare_traces(pd.DataFrame(rows), keep_tokens=True), None)
+    info = method_info(PROV)
+    fits = {e: StepFit(e, 0.01, 0.0, 0.0, 1, 1.0, 1.0, 1.0) for e in ("none", "eagle3-k3")}
+    out = refit_speedups({"d": prep}, info[info.method_label == "eagle3-k3-fixed"], fits, [1, 4])
+    (plan,) = replay_plans(prep, "eagle3", "fixed", 3)
+    # every step (and the prefill) costs the same: speedup = (L - 1 + 1) / (steps + 1)
+    assert out["speedup_sim"].tolist() == pytest.approx([10 / (plan.pos.size + 1)] * 2)
