@@ -492,7 +492,7 @@ def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> 
     return parse_sweep(_paths_from(data, p.parent))
 
 
-def _inside_config_dir(value: Any, base: Path) -> Any:
+def _inside_config_dir(value: Any, base: Path, always_path: bool = False) -> Any:
     """A relative path inside a config resolves against the config file's folder: stored repo-relative when
     it lies in the repository (so run ids do not depend on where the repository is), absolute otherwise.
     ``@trained/``, ``@models/``, ``@shapes/``, absolute paths and hub ids (``org/name`` that is no folder
@@ -500,7 +500,7 @@ def _inside_config_dir(value: Any, base: Path) -> Any:
     if not isinstance(value, str) or not value or value.startswith(("@", "/", "~")):
         return value
     cand = (base / value).resolve()
-    if not (cand.exists() or value.startswith(("./", "../"))):
+    if not (always_path or cand.exists() or value.startswith(("./", "../"))):
         return value  # a hub id, or a name
     return repo_relative(cand)
 
@@ -509,8 +509,9 @@ def _paths_from(data: dict[str, Any], base: Path) -> dict[str, Any]:
     data = dict(data)
     for key, fields in (("models", ("path", "tokenizer")), ("methods", ("model",)), ("workloads", ("path",))):
         if isinstance(data.get(key), list):
-            data[key] = [{**d, **{f: _inside_config_dir(d[f], base) for f in fields if f in d}}
+            data[key] = [{**d, **{f: _inside_config_dir(d[f], base, always_path=key == "workloads")
+                                  for f in fields if f in d}}
                          if isinstance(d, dict) else d for d in data[key]]
     if "results_dir" in data:
-        data["results_dir"] = _inside_config_dir(data["results_dir"], base)
+        data["results_dir"] = _inside_config_dir(data["results_dir"], base, always_path=True)
     return data
