@@ -61,9 +61,12 @@ test-fast: setup
 bench: models
 	$(PY) benchmarks/harness_overhead.py
 
+# JupyterLab on 127.0.0.1 (no browser; open the printed URL). As root (containers) it needs --allow-root.
+LAB_PORT ?= 8888
 lab: setup
 	$(PIP) install -q -e ".[lab]"
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip 127.0.0.1 --port $(LAB_PORT) \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) --ServerApp.root_dir=$(CURDIR)
 
 strip:
 	$(VENV)/bin/nbstripout notebooks/*.ipynb

@@ -3,7 +3,9 @@
 Usage:
     sdlib sweep configs/embedded_default.yaml      # run (or resume) a sweep -> data/sweeps/<name>/
     sdlib validate configs/embedded_default.yaml   # check a config and its paths; start nothing
-    sdlib status configs/embedded_default.yaml     # cells done / failed / to do
+    sdlib status configs/embedded_default.yaml     # cells done / failed / to do / stale
+    sdlib clean configs/embedded_default.yaml --stale  # remove the cells of an older config
+    sdlib report configs/embedded_default.yaml     # tok/s, speedup and acceptance per cell
     sdlib models                                   # random-weight tiny models -> .cache/models/
     sdlib train prepare|fit|check|cards ...        # the trained embedded models -> data/models/
     sdlib traces --out data/traces/x.jsonl.gz ...  # teacher-forced acceptance traces of our models
@@ -17,7 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sdlib.config import ConfigError, load_sweep
+from sdlib.config import ConfigError
+from sdlib.run.commands import add_parsers as add_sweep_parsers
 
 DESCRIPTION = ("Measure speculative decoding inside vLLM at real batch sizes: run sweeps into tidy tables, "
                "make acceptance traces, train the embedded models.")
@@ -40,38 +43,6 @@ def _models(args) -> int:
     paths = build_models(MODELS_DIR, seed=args.seed, force=args.force)
     for k, v in paths.items():
         print(f"{k}: {v}")
-    return 0
-
-
-def _sweep(args) -> int:
-    from sdlib.run.sweep import run_sweep
-
-    overrides = {"results_dir": args.results_dir} if args.results_dir else None
-    sweep = load_sweep(args.config, overrides)
-    store = run_sweep(sweep, retry_failed=not args.skip_failed, only_methods=args.method)
-    return 1 if (args.strict and len(store.failures())) else 0
-
-
-def _validate(args) -> int:
-    from sdlib.run.plan import check_paths
-
-    sweep = load_sweep(args.config)
-    check_paths(sweep)
-    print(f"{args.config}: ok, {len(sweep.cells())} cells")
-    return 0
-
-
-def _status(args) -> int:
-    from sdlib.store import SweepStore
-
-    sweep = load_sweep(args.config)
-    store = SweepStore(sweep.out_dir)
-    done, failed = store.done_ids(), set(store.failures().get("run_id", []))
-    cells = sweep.cells()
-    todo = [c for c in cells if c.run_id not in done]
-    print(f"{sweep.name}: {len(cells)} cells, {len(cells) - len(todo)} done, {len(failed)} failed, {len(todo)} to do")
-    for c in todo:
-        print(("FAILED " if c.run_id in failed else "todo   ") + c.run_id)
     return 0
 
 
@@ -103,19 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="Each command has --help. Docs: README.md, data/README.md.")
     ap.add_argument("--version", action="version", version=f"sdlib {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="<command>")
-    s = sub.add_parser("sweep", help="run or resume a sweep (skips finished cells)")
-    s.add_argument("config", help="sweep YAML")
-    s.add_argument("--results-dir", help="override the config's results_dir")
-    s.add_argument("--method", action="append", help="only this method label or name (repeatable)")
-    s.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
-    s.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
-    s.set_defaults(func=_sweep)
-    v = sub.add_parser("validate", help="validate a config and its paths; start nothing")
-    v.add_argument("config", help="sweep YAML")
-    v.set_defaults(func=_validate)
-    st = sub.add_parser("status", help="show done / failed / remaining cells")
-    st.add_argument("config", help="sweep YAML")
-    st.set_defaults(func=_status)
+    add_sweep_parsers(sub)
     m = sub.add_parser("models", help="build random-weight tiny models into .cache/models")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--force", action="store_true", help="rebuild even if present")

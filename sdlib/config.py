@@ -17,22 +17,34 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
+                      model_validator)
 from pydantic.dataclasses import dataclass
 
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
-from sdlib.paths import SWEEPS_DIR, resolve
+from sdlib.paths import SWEEPS_DIR, repo_relative, resolve
 
 METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
-DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit")
+#: the paper's datasets, ours (code_edit), and ``custom``: a user's own JSONL file (sdlib.workloads.custom)
+DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit", "custom")
 BATCH_MODES = ("closed_loop", "paper")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 
 _STRICT = ConfigDict(extra="forbid")
+
+
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError("a boolean is not a number")
+    return v
+
+
+#: a number field that refuses booleans (YAML's ``true`` is not 1)
+Float = Annotated[float, BeforeValidator(_no_bool)]
 
 
 class ConfigError(ValueError):
@@ -68,7 +80,8 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
 
 #: Fields added after sweeps were committed: left out of a cell's key while they hold their default, so
 #: the run ids of existing results do not change.
-_ADDED_FIELDS: dict[str, Any] = {"replay": None, "datasets": None, "batch_sizes": None, "full_traces": False}
+_ADDED_FIELDS: dict[str, Any] = {"replay": None, "datasets": None, "batch_sizes": None, "full_traces": False,
+                                  "pin_target": False, "name": None}
 
 
 def _key_dict(obj) -> dict[str, Any]:
@@ -87,11 +100,11 @@ class ModelConfig:
     path: str
     name: Optional[str] = None  # short label in tables; default: last path component
     dtype: Literal[DTYPES] = "bfloat16"
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: StrictInt = Field(1, ge=1)
     load_format: Literal[LOAD_FORMATS] = "auto"
-    max_model_len: int = Field(2048, ge=16)
+    max_model_len: StrictInt = Field(2048, ge=16)
     tokenizer: Optional[str] = None  # default: the model path
-    skip_tokenizer_init: bool = False  # prompts as token ids (dummy-weight GPU runs)
+    skip_tokenizer_init: StrictBool = False  # prompts as token ids (dummy-weight GPU runs)
 
     def __post_init__(self) -> None:
         if self.name is None:
@@ -109,7 +122,7 @@ class MethodConfig:
     """A speculative-decoding method; ``options`` pass through to vLLM's speculative_config."""
 
     name: Literal[METHODS]
-    num_spec_tokens: int = Field(3, ge=1, le=64)
+    num_spec_tokens: StrictInt = Field(3, ge=1, le=64)
     model: Optional[str] = None  # draft / EAGLE head path (eagle, eagle3, draft_model)
     options: dict[str, Any] = Field(default_factory=dict)
     label: Optional[str] = None  # default: "<name>-k<k>" ("none" for no SD), "<name>-k<k>-<replay>" with replay
@@ -118,7 +131,7 @@ class MethodConfig:
     # path and k run for real. Methods that differ only in replay share one engine.
     replay: Optional[str] = None
     datasets: Optional[list[str]] = None  # workload labels this method runs on (default: all)
-    batch_sizes: Optional[list[int]] = None  # batch sizes this method runs at (default: the sweep's)
+    batch_sizes: Optional[list[StrictInt]] = None  # batch sizes this method runs at (default: the sweep's)
 
     @model_validator(mode="after")
     def _check(self) -> "MethodConfig":
@@ -177,19 +190,22 @@ class WorkloadConfig:
     """A dataset and how to sample it (temperature 0 = greedy)."""
 
     dataset: Literal[DATASETS]
-    num_requests: int = Field(32, ge=1)
-    max_output_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    seed: int = 42
+    num_requests: StrictInt = Field(32, ge=1)
+    max_output_tokens: StrictInt = Field(256, ge=1)
+    temperature: Float = Field(0.0, ge=0.0)
+    seed: StrictInt = 42
     # reference: the authors' traces' token ids; traces: one of our trace files (path), sdlib.sim.traces
     source: Literal["auto", "local", "package", "hub", "reference", "traces"] = "auto"
     path: Optional[str] = None  # local JSONL (source "local", tried first by "auto"); a trace file (source "traces")
-    max_prompt_tokens: Optional[int] = Field(None, ge=1)  # drop longer prompts
+    max_prompt_tokens: Optional[StrictInt] = Field(None, ge=1)  # drop longer prompts
     chat_template: Optional[bool] = None  # default: on, except AIME (the paper's setting)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     # trace sources: keep only requests whose n-gram and EAGLE-3 acceptance lists cover the output up to
     # max_output_tokens, so every method replays the same output length (needed by trace replay)
-    full_traces: bool = False
+    full_traces: StrictBool = False
+    # the workload's name in tables (default: the dataset); needed for dataset "custom" and to tell apart two
+    # workloads of one dataset
+    name: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self) -> "WorkloadConfig":
@@ -199,29 +215,37 @@ class WorkloadConfig:
             raise ValueError("source 'traces' needs 'path' (a trace file written by sdlib traces)")
         if self.full_traces and self.source not in ("reference", "traces"):
             raise ValueError("full_traces needs source 'reference' or 'traces'")
+        if self.dataset == "custom":
+            if not self.name:
+                raise ValueError("dataset 'custom' needs 'name' (what tables and figures call it)")
+            if not self.path or self.source not in ("auto", "local"):
+                raise ValueError("dataset 'custom' needs 'path' (a JSONL file; see README, 'Your own data')")
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+            raise ValueError(f"name {self.name!r}: use only letters, digits, '_', '.', '-'")
         return self
 
     @property
     def label(self) -> str:
-        return self.dataset
+        """The workload's name in tables and figures: ``name``, else the dataset."""
+        return self.name or self.dataset
 
 
 @dataclass(config=_STRICT)
 class EngineConfig:
     """Engine-wide settings passed to ``vllm.LLM``; ``extra`` passes through unchanged."""
 
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    enforce_eager: bool = False
-    max_num_seqs: Optional[int] = Field(None, ge=1)  # default: the largest batch size
-    enable_prefix_caching: bool = False  # the paper turned it off
+    gpu_memory_utilization: Float = Field(0.9, gt=0.0, le=1.0)
+    enforce_eager: StrictBool = False
+    max_num_seqs: Optional[StrictInt] = Field(None, ge=1)  # default: the largest batch size
+    enable_prefix_caching: StrictBool = False  # the paper turned it off
     # time drafting / verification / sampling per cell (sdlib.vllm.phase_hooks); runs the engine core
     # in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the hooks reach the model runner
-    phase_timers: bool = False
+    phase_timers: StrictBool = False
     extra: dict[str, Any] = Field(default_factory=dict)
     # an engine not up within this many seconds is ended and its cells recorded as failed (sdlib.run.supervise)
-    startup_timeout_s: float = Field(1800.0, gt=0)
+    startup_timeout_s: Float = Field(1800.0, gt=0)
     # zero the target's final norm after load, so its greedy token is always 0 (trace replay, sdlib.vllm.replay)
-    pin_target: bool = False
+    pin_target: StrictBool = False
 
 
 @dataclass(config=_STRICT)
@@ -231,12 +255,14 @@ class Cell:
     model: ModelConfig
     method: MethodConfig
     workload: WorkloadConfig
-    batch_size: int
-    repeat: int
+    batch_size: StrictInt
+    repeat: StrictInt
     batch_mode: str
-    warmup_requests: int
-    num_requests: int  # requests measured in this cell (closed loop may scale it with batch size)
+    warmup_requests: StrictInt
+    num_requests: StrictInt  # requests measured in this cell (closed loop may scale it with batch size)
     warmup_scope: str = "cell"
+    engine: Optional[EngineConfig] = None  # the sweep's engine settings (part of the cell's identity)
+    seed: StrictInt = 0  # the sweep's engine seed
 
     def key(self) -> dict[str, Any]:
         """Everything that defines the cell's result (hashed into run_id)."""
@@ -254,7 +280,18 @@ class Cell:
         }
         if self.warmup_scope != "cell":
             key["warmup_scope"] = self.warmup_scope
+        # everything else that can change a measurement: the engine's settings and seed
+        engine = dataclasses.asdict(self.engine) if self.engine is not None else {}
+        engine.pop("startup_timeout_s", None)
+        key["engine"] = {k: v for k, v in engine.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+        key["seed"] = self.seed
         return key
+
+    @property
+    def coordinates(self) -> tuple:
+        """Where the cell sits in its sweep: (model, method label, dataset, batch size, repeat, batch mode)."""
+        return (self.model.name, self.method.label, self.workload.label, self.batch_size, self.repeat,
+                self.batch_mode)
 
     @property
     def run_id(self) -> str:
@@ -280,19 +317,19 @@ class SweepConfig:
     models: list[ModelConfig]
     methods: list[MethodConfig]
     workloads: list[WorkloadConfig]
-    batch_sizes: list[int]
-    repeats: int = Field(1, ge=1)
+    batch_sizes: list[StrictInt]
+    repeats: StrictInt = Field(1, ge=1)
     batch_mode: Literal[BATCH_MODES] = "closed_loop"
-    warmup_requests: int = Field(2, ge=0)  # requests run (and dropped) before each cell's window
+    warmup_requests: StrictInt = Field(2, ge=0)  # requests run (and dropped) before each cell's window
     # "cell": warm up before every cell; "batch_size": once per (engine, batch size), with the cell's prompts
     # (cheaper on a GPU; graph capture and JIT depend on shapes, not prompts)
     warmup_scope: Literal["cell", "batch_size"] = "cell"
     # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer
-    requests_per_slot: Optional[int] = Field(None, ge=1)
+    requests_per_slot: Optional[StrictInt] = Field(None, ge=1)
     results_dir: Optional[str] = None  # default: data/sweeps
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    seed: int = 0
+    seed: StrictInt = 0
     description: str = ""
 
     @field_validator("name")
@@ -376,20 +413,45 @@ class SweepConfig:
                             out.append(Cell(model=model, method=method, workload=wl, batch_size=bs,
                                             repeat=rep, batch_mode=self.batch_mode,
                                             warmup_requests=self.warmup_requests, num_requests=n,
-                                            warmup_scope=self.warmup_scope))
+                                            warmup_scope=self.warmup_scope, engine=self.engine,
+                                            seed=self.seed))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
+_UNKNOWN = ("unexpected_keyword_argument", "extra_forbidden")
+
+
+def _section_class(loc: tuple) -> type:
+    """The config dataclass that holds the field at ``loc`` (for listing its valid keys)."""
+    head = [x for x in loc if not isinstance(x, int)]
+    return {"models": ModelConfig, "methods": MethodConfig, "workloads": WorkloadConfig,
+            "engine": EngineConfig}.get(head[0] if len(head) > 1 else "", SweepConfig)
+
+
 def _one_line(err: ValidationError) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"]) or "config"
+    """The most telling problem of a validation error, in one line naming the field (unknown keys first,
+    with the valid ones listed); never the whole config."""
+    errors = sorted(err.errors(), key=lambda e: e["type"] not in _UNKNOWN)
+    e = errors[0]
+    loc = tuple(e["loc"])
+    where = ".".join(str(x) for x in loc) or "config"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    if e["type"] in _UNKNOWN:
+        cls = _section_class(loc)
+        valid = ", ".join(f.name for f in dataclasses.fields(cls))
+        return f"{where}: unknown key (valid keys here: {valid}){more}"
+    if e["type"] == "missing":
+        return f"{where}: required field missing{more}"
     msg = e["msg"].replace("Value error, ", "")
+    if not loc:  # a rule across fields: its message names the fields itself
+        return f"{msg}{more}"
     got = e.get("input")
-    tail = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    return f"{loc}: {msg}{tail}"
+    show = not isinstance(got, (dict, list, tuple)) and got is not None and len(repr(got)) <= 60 \
+        and type(got).__name__ != "ArgsKwargs"
+    return f"{where}: {msg}{f' (got {got!r})' if show else ''}{more}"
 
 
 def parse_sweep(data: dict[str, Any]) -> SweepConfig:
@@ -402,13 +464,54 @@ def parse_sweep(data: dict[str, Any]) -> SweepConfig:
         raise ConfigError(_one_line(err)) from None
     except TypeError as err:  # unexpected keyword at the top level
         raise ConfigError(f"config: {err}") from None
+    except ConfigError:
+        raise
+    except ValueError as err:  # a rule outside pydantic's wrapping
+        raise ConfigError(str(err).splitlines()[0]) from None
 
 
 def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> SweepConfig:
     """Read a sweep YAML; ``overrides`` (top-level keys) replace the file's values."""
     p = resolve(path)
-    if not p.exists():
+    if not p.is_file():
         raise ConfigError(f"config: file not found: {p}")
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config: {p.name} is not valid YAML{at}: {getattr(err, 'problem', None) or err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config: {p.name} is not a text file") from None
+    if data is None:
+        raise ConfigError(f"config: {p.name} is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {p.name} must be a mapping of keys (name, models, methods, ...), "
+                          f"not a {type(data).__name__}")
     data.update(overrides or {})
-    return parse_sweep(data)
+    return parse_sweep(_paths_from(data, p.parent))
+
+
+def _inside_config_dir(value: Any, base: Path, always_path: bool = False) -> Any:
+    """A relative path inside a config resolves against the config file's folder: stored repo-relative when
+    it lies in the repository (so run ids do not depend on where the repository is), absolute otherwise.
+    ``@trained/``, ``@models/``, ``@shapes/``, absolute paths and hub ids (``org/name`` that is no folder
+    there) are left as they are."""
+    if not isinstance(value, str) or not value or value.startswith(("@", "/", "~")):
+        return value
+    cand = (base / value).resolve()
+    if not (always_path or cand.exists() or value.startswith(("./", "../"))):
+        return value  # a hub id, or a name
+    return repo_relative(cand)
+
+
+def _paths_from(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    data = dict(data)
+    for key, fields in (("models", ("path", "tokenizer")), ("methods", ("model",)), ("workloads", ("path",))):
+        if isinstance(data.get(key), list):
+            data[key] = [{**d, **{f: _inside_config_dir(d[f], base, always_path=key == "workloads")
+                                  for f in fields if f in d}}
+                         if isinstance(d, dict) else d for d in data[key]]
+    if "results_dir" in data:
+        data["results_dir"] = _inside_config_dir(data["results_dir"], base, always_path=True)
+    return data

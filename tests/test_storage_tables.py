@@ -99,18 +99,23 @@ def test_schema_documented_in_data_readme():
 
 def test_rerun_of_a_finished_sweep_changes_no_file(tmp_path):
     from sdlib.config import parse_sweep
-    from sdlib.store import SweepStore
     from sdlib.run.sweep import run_sweep
+    from sdlib.store import SweepStore, empty_table
 
     model = tmp_path / "m"
     model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}')
     cfg = parse_sweep({"name": "done", "results_dir": str(tmp_path / "sw"), "models": [{"path": str(model)}],
                        "methods": [{"name": "none"}], "workloads": [{"dataset": "gsm8k"}], "batch_sizes": [1, 2]})
     store = SweepStore(cfg.out_dir)
-    (store.dir / "runs").mkdir(parents=True)
-    for c in cfg.cells():
-        (store.dir / "runs" / f"{c.run_id}.parquet").write_bytes(b"")  # marked done
-    before = {p: p.stat().st_mtime_ns for p in store.dir.rglob("*")}
+    for c in cfg.cells():  # every cell finished, and the config's cells recorded, as a first run leaves them
+        store.write_cell(c.run_id, {t: empty_table(t) for t in ("runs", "requests", "steps", "engine_steps")})
+    store.set_current(cfg.to_dict(), [c.run_id for c in cfg.cells()])
+    def files():  # the results (the lock and run-time bookkeeping are dot-files, ignored by git)
+        return {p: p.stat().st_mtime_ns for p in store.dir.rglob("*")
+                if not any(part.startswith(".") for part in p.relative_to(store.dir).parts)}
+
+    before = files()
     run_sweep(cfg, quiet=True)
-    assert {p: p.stat().st_mtime_ns for p in store.dir.rglob("*")} == before
-    assert not store.provenance_path.exists()
+    assert files() == before
+    assert "invocations" not in store.read_provenance()  # no invocation recorded: nothing ran

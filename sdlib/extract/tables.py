@@ -94,7 +94,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "method": cell.method.name,
         "method_label": cell.method.label,
         "num_spec_tokens": k,
-        "dataset": cell.workload.dataset,
+        "dataset": cell.workload.label,
         "batch_size": cell.batch_size,
         "batch_mode": cell.batch_mode,
         "repeat": cell.repeat,

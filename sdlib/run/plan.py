@@ -11,28 +11,9 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from sdlib.config import ConfigError, SweepConfig
+from sdlib.config import SweepConfig
 from sdlib.paths import resolve
 from sdlib.store import SweepStore
-
-
-def check_paths(sweep: SweepConfig) -> None:
-    """Fail early, in one line, when a local model path is missing (writes @shapes/ folders)."""
-    from sdlib.models.shapes import write_shape
-
-    for p in [m.path for m in sweep.models] + [me.model for me in sweep.methods if me.model]:
-        if p.startswith("@shapes/"):
-            write_shape(p[len("@shapes/"):])
-    for i, m in enumerate(sweep.models):
-        if m.path.startswith(("@", ".", "/")) and not resolve(m.path).exists():
-            hint = " (build the embedded models: python -m sdlib models)" if m.path.startswith("@models/") else ""
-            raise ConfigError(f"models.{i}.path: {resolve(m.path)} does not exist{hint}")
-    for i, me in enumerate(sweep.methods):
-        if me.model and me.model.startswith(("@", ".", "/")) and not resolve(me.model).exists():
-            raise ConfigError(f"methods.{i}.model: {resolve(me.model)} does not exist")
-        for j, wl in enumerate(sweep.workloads):
-            if wl.path and not resolve(wl.path).exists() and wl.source == "local":
-                raise ConfigError(f"workloads.{j}.path: {resolve(wl.path)} does not exist")
 
 
 def model_cards(sweep: SweepConfig) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 #: Seconds between SIGTERM and SIGKILL when a process group is ended.
 TERM_GRACE_S = 10.0
@@ -70,10 +70,16 @@ class EngineProcess:
     def engine_up(self) -> bool:
         return self.env_out is not None and self.env_out.exists()
 
-    def wait(self, startup_timeout_s: Optional[float] = None) -> Outcome:
-        """Wait for the worker to exit; end it (and its group) if its engine is not up in time."""
+    def wait(self, startup_timeout_s: Optional[float] = None, on_poll: Optional[Callable[[], None]] = None,
+             poll_every_s: float = 1.0) -> Outcome:
+        """Wait for the worker to exit; end it (and its group) if its engine is not up in time.
+        ``on_poll`` is called about every ``poll_every_s`` (progress display)."""
+        last = 0.0
         try:
             while True:
+                if on_poll is not None and time.monotonic() - last >= poll_every_s:
+                    last = time.monotonic()
+                    on_poll()
                 rc = self.proc.poll()
                 if rc is not None:
                     return Outcome(rc, "" if rc == 0 else f"engine process exited with code {rc}")
@@ -89,36 +95,81 @@ class EngineProcess:
 
     def terminate(self, grace_s: float = TERM_GRACE_S) -> None:
         """SIGTERM to the whole group (vLLM shuts down on it), SIGKILL to whatever is left after ``grace_s``."""
-        self._signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            time.sleep(0.1)
-        self._signal_group(signal.SIGKILL)
-        self.proc.wait()
+        end_group(self.pgid, grace_s, leader=self.proc)
 
     def reap_group(self, grace_s: float = 3.0) -> None:
         """After the worker is gone: end any process of its group still alive (orphaned engine processes)."""
-        if not group_alive(self.pgid):
-            return
-        self._signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and group_alive(self.pgid):
-            time.sleep(0.1)
-        self._signal_group(signal.SIGKILL)
+        if group_alive(self.pgid):
+            end_group(self.pgid, grace_s)
 
-    def _signal_group(self, sig: int) -> None:
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
         try:
-            os.killpg(self.pgid, sig)
-        except (ProcessLookupError, PermissionError):
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def shm_files(pids: list[int]) -> set[str]:
+    """Shared-memory files (/dev/shm) the processes map (vLLM's message queues)."""
+    out = set()
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                    out.add(parts[5].split(" (deleted)")[0])
+        except OSError:
+            continue
+    return out
+
+
+def end_group(pgid: int, grace_s: float = TERM_GRACE_S, leader: Optional[subprocess.Popen] = None) -> None:
+    """End a process group: SIGTERM, then SIGKILL after ``grace_s``; then unlink the shared-memory files its
+    processes mapped (a killed vLLM engine leaves them behind)."""
+    shm = shm_files(group_pids(pgid))
+    _signal(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        if leader is not None:
+            leader.poll()
+        time.sleep(0.1)
+    _signal(pgid, signal.SIGKILL)
+    if leader is not None:
+        leader.wait()
+    for _ in range(50):  # the kernel needs a moment to reap
+        if not group_alive(pgid):
+            break
+        time.sleep(0.05)
+    for f in shm:
+        try:
+            os.unlink(f)
+        except OSError:
             pass
 
 
+def _signal(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def group_alive(pgid: int) -> bool:
-    """True while any process of group ``pgid`` exists."""
+    """True while any (non-zombie) process of group ``pgid`` exists."""
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return bool(group_pids(pgid))

@@ -1,7 +1,13 @@
-"""Run a sweep: validate, skip finished cells, one engine process per (model, method), record provenance.
+"""Run a sweep: check everything first, lock the results folder, skip finished cells, one engine process per
+(model, engine), record provenance, show one progress line per engine, and leave nothing behind.
+
+Faults it survives: the worker dying (its engine processes are ended and its unfinished cells recorded as
+failed; the sweep goes on), an engine that does not come up in time, Ctrl-C / SIGTERM (the engine is shut down,
+then killed), a kill -9 of this process (the worker dies with it; at the next start any engine group a killed
+sweep left behind is ended and its shared memory removed), and a second sweep on the same folder (refused).
 
 Usage:
-    python -m sdlib sweep configs/embedded_default.yaml
+    sdlib sweep configs/embedded_default.yaml
     from sdlib.run.sweep import run_sweep; run_sweep("configs/embedded_default.yaml")
 """
 
@@ -9,65 +15,157 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sys
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from sdlib.config import SweepConfig, load_sweep
 from sdlib.paths import REPO_ROOT
-from sdlib.run.plan import check_paths, model_cards, plan
-from sdlib.run.supervise import EngineProcess
-from sdlib.store import SweepStore, git_commit, utc_now
+from sdlib.run.plan import model_cards, plan
+from sdlib.run.preflight import preflight
+from sdlib.run.supervise import EngineProcess, end_group, group_alive
+from sdlib.store import FolderLock, SweepStore, git_commit, utc_now, write_json_atomic
+
+
+def _orphans(store: SweepStore) -> int:
+    """End the engine groups a killed sweep left running (their records in ``.engines/``); returns how many."""
+    d = store.dir / ".engines"
+    n = 0
+    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            rec = {}
+        pgid = rec.get("pgid")
+        if isinstance(pgid, int) and rec.get("host") == socket.gethostname() and group_alive(pgid):
+            end_group(pgid, grace_s=5.0)
+            n += 1
+        f.unlink(missing_ok=True)
+    return n
+
+
+class _Progress:
+    """One line per engine group: a live bar on a terminal, a plain line per finished cell otherwise."""
+
+    def __init__(self, store: SweepStore, label: str, cells: list, enabled: bool):
+        self.store, self.label, self.cells, self.enabled = store, label, cells, enabled
+        self.done: set[str] = set()
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=len(cells), desc=label, unit="cell", file=sys.stderr, leave=True)
+
+    def poll(self) -> None:
+        if not self.enabled:
+            return
+        for c in self.cells:
+            if c.run_id not in self.done and (self.store.dir / "runs" / f"{c.run_id}.parquet").exists():
+                self.done.add(c.run_id)
+                if self.bar is not None:
+                    self.bar.update(1)
+                else:
+                    print(f"{self.label}: {len(self.done)}/{len(self.cells)} cells "
+                          f"({c.workload.label} bs={c.batch_size} done)", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.poll()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet: bool = False,
-              only_methods: Optional[list[str]] = None, env: Optional[dict[str, str]] = None) -> SweepStore:
-    """Run every unfinished cell of a sweep; returns the store (read tables from it)."""
+              only_methods: Optional[list[str]] = None, env: Optional[dict[str, str]] = None,
+              verbose: bool = False, only: Optional[dict[str, Any]] = None) -> SweepStore:
+    """Run every unfinished cell of a sweep; returns the store (read tables from it).
+
+    ``only_methods``: run only these engine groups (label or method name); ``only``: run only cells with
+    these ``batch_sizes`` / ``datasets`` (the config's cells stay the current ones). ``verbose``: echo the
+    engines' output (vLLM's logs; always kept in ``logs/``). ``quiet``: print nothing.
+    ``store.outcome`` says what this invocation planned, finished and failed.
+    """
     sweep = config if isinstance(config, SweepConfig) else load_sweep(config)
-    check_paths(sweep)
+    preflight(sweep)
     store = SweepStore(sweep.out_dir)
-    groups = plan(sweep, store, retry_failed=retry_failed)
-    if only_methods:
-        groups = OrderedDict((g, c) for g, c in groups.items() if g[1] in only_methods or c[0].method.name in only_methods)
-    total = sum(len(c) for c in groups.values())
-    if total == 0:  # nothing to run: leave provenance as it is (a rerun of a finished sweep changes no file)
-        print(f"sweep {sweep.name}: nothing to run; {len(store.done_ids())} cell(s) done, "
-              f"{len(store.failures())} failed; results in {store.dir}", file=sys.stderr)
-        return store
-    entry = {
-        "started_at": utc_now(),
-        "git_commit": git_commit(),
-        "argv": sys.argv,
-        "host": os.uname().nodename,
-        "cells_planned": total,
-        "cells_already_done": len(store.done_ids()),
-        "models": model_cards(sweep),
-        "engines": [],
-    }
-    store.record_invocation(sweep.to_dict(), entry)
-    print(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}",
-          file=sys.stderr)
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    with FolderLock(store.dir):
+        n_orphans = _orphans(store)
+        if n_orphans:
+            say(f"sweep {sweep.name}: ended {n_orphans} engine group(s) a killed sweep left running")
+        store.set_current(sweep.to_dict(), [c.run_id for c in sweep.cells()])
+        groups = plan(sweep, store, retry_failed=retry_failed)
+        if only_methods:
+            groups = OrderedDict((g, c) for g, c in groups.items()
+                                 if g[1] in only_methods or c[0].method.name in only_methods
+                                 or c[0].method.label in only_methods)
+        if only:
+            bs, ds = only.get("batch_sizes"), only.get("datasets")
+            groups = OrderedDict((g, [c for c in cs if (not bs or c.batch_size in bs)
+                                      and (not ds or c.workload.label in ds)]) for g, cs in groups.items())
+            groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
+        planned = [c.run_id for cs in groups.values() for c in cs]
+        store.outcome = {"planned": planned, "done": [], "failed": []}
+        if not planned:  # nothing to run: leave provenance as it is (a rerun of a finished sweep changes no file)
+            say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
+                f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
+            return store
+        _run_groups(sweep, store, groups, env, verbose, quiet, say)
+        done = store.done_ids()
+        store.outcome["done"] = [r for r in planned if r in done]
+        store.outcome["failed"] = [r for r in planned if r not in done]
+    return store
+
+
+def _child_env(env: Optional[dict[str, str]]) -> dict[str, str]:
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     child_env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    child_env["SDLIB_SUPERVISOR_PID"] = str(os.getpid())
+    return child_env
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool, quiet: bool, say) -> None:
+    total = sum(len(c) for c in groups.values())
+    entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": socket.gethostname(),
+             "cells_planned": total, "cells_already_done": len(store.done_ids()), "models": model_cards(sweep),
+             "engines": []}
+    store.record_invocation(sweep.to_dict(), entry)
+    say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")
+    child_env = _child_env(env)
     engines = []
-    for (model_name, method_label), cells in groups.items():
-        with tempfile.TemporaryDirectory(prefix="sdlib-") as tmp:
-            spec_path, env_out = Path(tmp) / "spec.json", Path(tmp) / "env.json"
-            spec_path.write_text(json.dumps({"sweep": sweep.to_dict(), "run_ids": [c.run_id for c in cells],
-                                             "env_out": str(env_out)}, default=str))
-            log_file = store.log_path(f"{model_name}__{method_label}")
-            print(f"[{model_name} / {method_label}] starting engine for {len(cells)} cell(s); log: {log_file}",
-                  file=sys.stderr)
-            proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file,
-                                 env=child_env, cwd=str(REPO_ROOT), env_out=env_out, echo=not quiet)
+    run_dir = store.dir / ".run"
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
+    try:
+        for (model_name, method_label), cells in groups.items():
+            tag = f"{model_name}__{method_label}"
+            spec_path, env_out = run_dir / f"{tag}.spec.json", run_dir / f"{tag}.env.json"
+            env_out.unlink(missing_ok=True)
+            write_json_atomic({"sweep": sweep.to_dict(), "run_ids": [c.run_id for c in cells],
+                               "env_out": str(env_out)}, spec_path)
+            log_file = store.log_path(tag)
+            say(f"[{model_name} / {method_label}] starting an engine for {len(cells)} cell(s); log: {log_file}")
+            progress = _Progress(store, f"[{model_name} / {method_label}]", cells, enabled=not quiet and not verbose)
+            proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file, env=child_env,
+                                 cwd=str(REPO_ROOT), env_out=env_out, echo=verbose)
+            marker = store.dir / ".engines" / f"{proc.pgid}.json"
+            write_json_atomic({"pgid": proc.pgid, "host": socket.gethostname(), "started_at": utc_now(),
+                               "group": tag}, marker)
             try:
-                outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s)
+                outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s, on_poll=progress.poll)
             except BaseException:  # Ctrl-C, SIGTERM: end the engine and everything it started, then stop
                 proc.terminate()
+                marker.unlink(missing_ok=True)
                 raise
+            finally:
+                progress.close()
+            marker.unlink(missing_ok=True)
             info = json.loads(env_out.read_text()) if env_out.exists() else {"model": model_name,
                                                                              "method": method_label}
             info["exit_code"] = outcome.exit_code
@@ -81,14 +179,18 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
                             "model": model_name, "method_label": method_label, "dataset": c.workload.dataset,
                             "batch_size": c.batch_size, "repeat": c.repeat,
                             "error": f"{outcome.reason}; see {log_file}"})
-                print(f"[{model_name} / {method_label}] {outcome.reason}; failures recorded, going on",
-                      file=sys.stderr)
+                say(f"[{model_name} / {method_label}] {outcome.reason}; failures recorded, going on")
             store.update_invocation(-1, {"engines": engines})
-    store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(store.done_ids()),
+            spec_path.unlink(missing_ok=True)
+            env_out.unlink(missing_ok=True)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    ids = {c.run_id for c in sweep.cells()}
+    done = store.done_ids() & ids
+    store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(done),
                                  "cells_failed": len(store.failures())})
-    nf = len(store.failures())
-    print(f"sweep {sweep.name}: {len(store.done_ids())} cell(s) done, {nf} failed", file=sys.stderr)
-    return store
+    say(f"sweep {sweep.name}: {len(done)} of {len(ids)} cell(s) done, {len(store.failures())} failed")
 
 
 __all__ = ["run_sweep"]

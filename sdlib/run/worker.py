@@ -14,7 +14,9 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -93,6 +95,7 @@ def run_group(spec: dict[str, Any]) -> int:
     tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
     engine = llm.llm_engine
     prompts_cache: dict[str, list] = {}
+    checks: dict[str, dict[str, int]] = {}  # per workload: prompts kept / skipped (reported in provenance)
     traces_cache: dict[str, Any] = {}
     warmed: set[int] = set()  # batch sizes warmed up on this engine (warmup_scope "batch_size")
     dead = None
@@ -106,7 +109,13 @@ def run_group(spec: dict[str, Any]) -> int:
             wl = cell.workload
             if wl.label not in prompts_cache:
                 need = max(c.num_requests for c in cells if c.workload.label == wl.label)
-                prompts_cache[wl.label] = load_prompts(dataclasses.replace(wl, num_requests=need), tokenizer)
+                loaded = load_prompts(dataclasses.replace(wl, num_requests=need), tokenizer)
+                prompts_cache[wl.label], checks[wl.label] = fit_prompts(loaded, wl, model.max_model_len)
+                if checks[wl.label]["skipped_too_long"] or checks[wl.label]["skipped_empty"]:
+                    tqdm.write(f"workload {wl.label}: {checks[wl.label]}", file=sys.stderr)
+                env["workload_checks"] = checks
+                if spec.get("env_out"):
+                    write_json_atomic(env, Path(spec["env_out"]))
             pool = prompts_cache[wl.label]
             if not pool:
                 raise RuntimeError(f"workload {wl.label}: no prompts")
@@ -150,6 +159,8 @@ def run_group(spec: dict[str, Any]) -> int:
             tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
             store.write_cell(cell.run_id, tables)
         except Exception as err:  # noqa: BLE001 - record and go on
+            if not supervisor_alive():  # orphaned: a failure now would be ours, not the cell's
+                return 5
             store.write_failure(cell.run_id, _fail_info(cell, f"{type(err).__name__}: {err}",
                                                          traceback.format_exc()))
             tqdm.write(f"FAILED {cell.run_id}: {type(err).__name__}: {err}", file=sys.stderr)
@@ -158,9 +169,58 @@ def run_group(spec: dict[str, Any]) -> int:
     return 0 if dead is None else 3
 
 
+def fit_prompts(prompts: list, wl, max_model_len: int) -> tuple[list, dict[str, int]]:
+    """Drop empty prompts, and prompts whose tokens plus their output budget do not fit ``max_model_len``
+    (vLLM would reject the request and the cell would be lost); returns the rest and the counts."""
+    keep, empty, long_ = [], 0, 0
+    for p in prompts:
+        ids = p.prompt_token_ids
+        if ids is not None and len(ids) == 0:
+            empty += 1
+            continue
+        budget = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
+        if ids is not None and len(ids) + budget > max_model_len:
+            long_ += 1
+            continue
+        keep.append(p)
+    return keep, {"kept": len(keep), "skipped_empty": empty, "skipped_too_long": long_}
+
+
 def _fail_info(cell, error: str, tb: str = "") -> dict[str, Any]:
     return {"model": cell.model.name, "method_label": cell.method.label, "dataset": cell.workload.dataset,
             "batch_size": cell.batch_size, "repeat": cell.repeat, "error": error, "traceback": tb}
+
+
+_SUPERVISOR = os.environ.get("SDLIB_SUPERVISOR_PID")
+
+
+def supervisor_alive() -> bool:
+    """True while the sweep that started this worker runs (always True when started by hand)."""
+    return _SUPERVISOR is None or os.getppid() == int(_SUPERVISOR)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the supervisor dies (Linux), so a killed sweep leaves no worker."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if not supervisor_alive():  # the supervisor died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _on_term(signum, frame):  # noqa: ARG001
+    """SIGTERM (the supervisor ends us, or died): unwind so vLLM shuts its engine down; if that hangs, end the
+    whole process group after a grace period."""
+    def hard_stop():
+        time.sleep(15)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=hard_stop, daemon=True).start()
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,8 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: sdlib worker <spec.json>", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _on_term)
+    _die_with_parent()
     logging.basicConfig(level=os.environ.get("SDLIB_LOG_LEVEL", "WARNING"))
     with open(argv[0]) as f:
         spec = json.load(f)
-    return run_group(spec)
+    try:
+        return run_group(spec)
+    except KeyboardInterrupt:
+        return 130
 

@@ -7,7 +7,7 @@ Usage:
 
 from sdlib.store.files import write_json_atomic, write_parquet_atomic
 from sdlib.store.provenance import git_commit, utc_now
-from sdlib.store.sweep_store import SweepStore, empty_table, read_table
+from sdlib.store.sweep_store import FolderLock, SweepBusy, SweepStore, current_cells, empty_table, read_table
 
-__all__ = ["SweepStore", "read_table", "empty_table", "write_json_atomic", "write_parquet_atomic", "git_commit",
+__all__ = ["SweepStore", "FolderLock", "SweepBusy", "current_cells", "read_table", "empty_table", "write_json_atomic", "write_parquet_atomic", "git_commit",
            "utc_now"]

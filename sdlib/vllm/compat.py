@@ -181,3 +181,26 @@ def ngram_proposal(context, nmin: int, nmax: int, max_model_len: int, k: int) ->
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
 
     return lookup(np.asarray(context, dtype=np.int32), nmin, nmax, max_model_len, k).tolist()
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_names() -> Optional[frozenset[str]]:
+    """The keyword arguments ``vllm.LLM`` accepts through ``EngineArgs`` (its dataclass fields), read from
+    the installed vLLM's source without importing it (importing vLLM takes seconds); None without vLLM."""
+    import ast
+    from importlib.util import find_spec
+
+    spec = find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from pathlib import Path
+
+    src = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
+    if not src.exists():
+        return None
+    tree = ast.parse(src.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            names |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    return frozenset(names) or None

@@ -160,6 +160,10 @@ def load_prompts(wl: WorkloadConfig, tokenizer: Any = None) -> list[Prompt]:
     """
     if wl.source in ("reference", "traces"):
         return load_trace_prompts(wl)
+    if wl.dataset == "custom":
+        from sdlib.workloads.custom import load_custom_prompts
+
+        return load_custom_prompts(wl, tokenizer)
     label, it = open_source(wl)
     chat = uses_chat_template(wl)
     limit = wl.max_prompt_tokens

@@ -1,0 +1,242 @@
+"""The sweep commands of the command line: ``sweep``, ``validate``, ``status``, ``clean``.
+
+Paths on the command line resolve from where the user stands; paths inside a config from the config file's
+folder; ``@trained/<part>`` (the committed trained models, data/models), ``@models/<part>`` (random-weight
+tiny models, ``sdlib models``) and ``@shapes/<name>`` (config-only paper shapes for dummy weights) from the
+repository.
+
+Usage:
+    sdlib sweep my.yaml --dry-run          # the cells and the engines it would start; starts nothing
+    sdlib status my.yaml --results-dir out # done / failed / to do / stale cells
+    sdlib clean my.yaml --stale            # delete the cells of an older config
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from sdlib.config import ConfigError, SweepConfig, load_sweep
+
+PATHS_HELP = ("Paths: on the command line from the current folder; inside a config from the config's folder; "
+              "@trained/<part> = the committed trained models (data/models), @models/<part> = random-weight "
+              "tiny models (sdlib models), @shapes/<name> = paper-scale shapes for dummy weights.")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not out or any(x < 1 for x in out):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return out
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _load(args) -> SweepConfig:
+    overrides = {}
+    if getattr(args, "results_dir", None):
+        overrides["results_dir"] = str(Path(args.results_dir).expanduser().resolve())
+    sweep = load_sweep(Path(args.config).expanduser().resolve(), overrides)
+    if getattr(args, "num_requests", None):
+        from sdlib.config import parse_sweep
+
+        d = sweep.to_dict()
+        d["workloads"] = [{**w, "num_requests": args.num_requests} for w in d["workloads"]]
+        sweep = parse_sweep(d)
+    return sweep
+
+
+def _only(args, sweep: SweepConfig) -> dict:
+    only = {}
+    if args.batch_sizes:
+        bad = sorted(set(args.batch_sizes) - set(sweep.batch_sizes))
+        if bad:
+            raise ConfigError(f"--batch-sizes: {bad} are not in the config's batch_sizes {sweep.batch_sizes}")
+        only["batch_sizes"] = args.batch_sizes
+    if args.datasets:
+        have = {w.label for w in sweep.workloads}
+        bad = sorted(set(args.datasets) - have)
+        if bad:
+            raise ConfigError(f"--datasets: {bad} are not workloads of the config ({sorted(have)})")
+        only["datasets"] = args.datasets
+    return only
+
+
+def cmd_sweep(args) -> int:
+    from sdlib.run.plan import plan
+    from sdlib.run.preflight import preflight
+    from sdlib.run.sweep import run_sweep
+    from sdlib.store import SweepBusy, SweepStore
+
+    sweep = _load(args)
+    methods = (args.method or []) + (args.methods or [])
+    if methods:
+        known = {m.label for m in sweep.methods} | {m.name for m in sweep.methods} | \
+            {m.engine_label for m in sweep.methods}
+        bad = sorted(set(methods) - known)
+        if bad:
+            raise ConfigError(f"--methods: {bad} are not methods of the config ({sorted(m.label for m in sweep.methods)})")
+    only = _only(args, sweep)
+    if args.dry_run:
+        preflight(sweep)
+        groups = plan(sweep, SweepStore(sweep.out_dir), retry_failed=not args.skip_failed)
+        n = 0
+        for (model, eng), cells in groups.items():
+            cells = [c for c in cells if (not methods or eng in methods or c.method.label in methods
+                                          or c.method.name in methods)
+                     and (not only.get("batch_sizes") or c.batch_size in only["batch_sizes"])
+                     and (not only.get("datasets") or c.workload.label in only["datasets"])]
+            if not cells:
+                continue
+            n += len(cells)
+            print(f"engine {model} / {eng}: {len(cells)} cell(s)")
+            for c in cells:
+                print(f"  {c.run_id}")
+        print(f"{sweep.name}: would run {n} cell(s); results in {sweep.out_dir} (dry run: nothing started)")
+        return 0
+    try:
+        store = run_sweep(sweep, retry_failed=not args.skip_failed, only_methods=methods or None,
+                          verbose=args.verbose, only=only or None)
+    except SweepBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = store.outcome
+    if args.summary and out["done"]:
+        from sdlib.run.report import print_report
+
+        print_report(store, run_ids=out["planned"])
+    if out["planned"] and not out["done"]:
+        print(f"error: every one of the {len(out['planned'])} cell(s) failed; see {store.dir / 'failures'}",
+              file=sys.stderr)
+        return 1
+    return 1 if (args.strict and out["failed"]) else 0
+
+
+def cmd_validate(args) -> int:
+    from sdlib.run.preflight import preflight
+
+    sweep = _load(args)
+    preflight(sweep)
+    print(f"{args.config}: ok, {len(sweep.cells())} cells")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from sdlib.store import SweepStore
+
+    sweep = _load(args)
+    store = SweepStore(sweep.out_dir)
+    cells = sweep.cells()
+    ids = {c.run_id for c in cells}
+    done = store.done_ids() & ids
+    corrupt = store.corrupt_ids() & ids
+    failed = set(store.failures(current_only=False).get("run_id", [])) & ids
+    stale = store.all_ids() - ids
+    todo = [c for c in cells if c.run_id not in done]
+    print(f"{sweep.name}: {len(cells)} cells, {len(done)} done, {len(failed - done)} failed, {len(todo)} to do"
+          + (f", {len(corrupt)} unreadable (rerun)" if corrupt else "")
+          + (f"; {len(stale)} stale cell(s) of an older config here (sdlib clean --stale {args.config})"
+             if stale else "") + f"; results in {store.dir}")
+    for c in todo:
+        tag = "FAILED " if c.run_id in failed else ("BROKEN " if c.run_id in corrupt else "todo   ")
+        print(tag + c.run_id)
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from sdlib.store import FolderLock, SweepBusy, SweepStore
+
+    if not args.stale:
+        raise ConfigError("clean: say what to remove (--stale)")
+    sweep = _load(args)
+    store = SweepStore(sweep.out_dir)
+    try:
+        with FolderLock(store.dir):
+            stale = store.all_ids() - {c.run_id for c in sweep.cells()}
+            n = store.remove_cells(stale)
+    except SweepBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    kinds = Counter(r.split("__")[1] if "__" in r else r for r in stale)
+    print(f"{sweep.name}: removed {len(stale)} stale cell(s) ({n} files)"
+          + (f": {dict(kinds)}" if kinds else ""))
+    return 0
+
+
+def cmd_rekey(args) -> int:
+    """Rename finished cells to the current run-id scheme (see sdlib.store.rekey)."""
+    from sdlib.store import FolderLock, SweepBusy, SweepStore
+    from sdlib.store.rekey import cell_coordinates, rekey
+
+    sweep = _load(args)
+    store = SweepStore(sweep.out_dir)
+    from sdlib.config import parse_sweep
+
+    prov_cfg = store.read_provenance().get("config")
+    if not prov_cfg:
+        raise ConfigError(f"rekey: {store.dir} has no recorded config (provenance.json)")
+    recorded = parse_sweep(prov_cfg).to_dict()  # the recorded config as today's classes read it (defaults filled)
+    current = sweep.to_dict()
+    for d in (recorded, current):
+        for k in ("results_dir", "description"):
+            d.pop(k, None)
+    if recorded != current:
+        diff = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+        raise ConfigError(f"rekey: the cells here were measured under another config (differs in {diff}); "
+                          "rerun them instead")
+    by_coord = {c.coordinates: c.run_id for c in sweep.cells()}
+    mapping = {old: by_coord[co] for old, co in cell_coordinates(store).items() if co in by_coord}
+    try:
+        with FolderLock(store.dir):
+            n = rekey(store, mapping)
+            store.set_current(sweep.to_dict(), [c.run_id for c in sweep.cells()])
+    except SweepBusy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{sweep.name}: {n} cell(s) renamed to the current run ids, {len(mapping) - n} already current")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """The sweep commands' parsers, on the CLI's subparsers."""
+    s = sub.add_parser("sweep", help="run or resume a sweep (skips finished cells)", epilog=PATHS_HELP,
+                       description="Run every unfinished cell of a sweep config; reads the config and its models "
+                                   "and workloads, writes <results_dir>/<name>/ (tables, provenance.json, logs/).")
+    s.add_argument("config", help="sweep YAML")
+    s.add_argument("--results-dir", help="write under this folder instead of the config's results_dir")
+    s.add_argument("--methods", type=_names, help="only these methods (labels, names or engines, comma-separated)")
+    s.add_argument("--method", action="append", help=argparse.SUPPRESS)
+    s.add_argument("--batch-sizes", type=_ints, help="only these batch sizes of the config (e.g. 1,8)")
+    s.add_argument("--datasets", type=_names, help="only these workloads of the config")
+    s.add_argument("--num-requests", type=int, help="every workload measures this many requests (a new config: "
+                                                    "its cells differ from the file's)")
+    s.add_argument("--dry-run", action="store_true", help="print the cells and engines it would run; start nothing")
+    s.add_argument("--verbose", action="store_true", help="show the engines' own output (always in logs/)")
+    s.add_argument("--no-summary", dest="summary", action="store_false", help="no summary table at the end")
+    s.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
+    s.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
+    s.set_defaults(func=cmd_sweep)
+    v = sub.add_parser("validate", help="check a config, its models and workloads; start nothing", epilog=PATHS_HELP)
+    v.add_argument("config", help="sweep YAML")
+    v.set_defaults(func=cmd_validate)
+    st = sub.add_parser("status", help="cells done / failed / to do / stale", epilog=PATHS_HELP)
+    st.add_argument("config", help="sweep YAML")
+    st.add_argument("--results-dir", help="the results folder the sweep was run with (default: the config's)")
+    st.set_defaults(func=cmd_status)
+    c = sub.add_parser("clean", help="remove results that no longer belong to the config", epilog=PATHS_HELP)
+    c.add_argument("config", help="sweep YAML")
+    c.add_argument("--results-dir", help="the results folder (default: the config's)")
+    c.add_argument("--stale", action="store_true", help="remove the cells of an older config (not in this one)")
+    c.set_defaults(func=cmd_clean)
+    r = sub.add_parser("rekey", help="rename finished cells to the current run-id scheme (after an sdlib upgrade)",
+                       epilog=PATHS_HELP)
+    r.add_argument("config", help="sweep YAML (must equal the config the cells were measured under)")
+    r.add_argument("--results-dir", help="the results folder (default: the config's)")
+    r.set_defaults(func=cmd_rekey)

@@ -1,0 +1,140 @@
+"""Fault injection with real CPU vLLM engines (slow; CI runs it): kill -9 of the worker mid-cell, kill -9 of
+the supervisor, SIGINT and SIGTERM to the supervisor alone. Each time: no finished cell lost or changed, no
+process of the sweep alive 10 s later, no failure written for a cell that did not fail, and a resume completes
+every cell."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sdlib.paths import MODELS_DIR, REPO_ROOT
+from sdlib.run.supervise import shm_files
+from sdlib.store import SweepStore
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def _ours(marker: str) -> list[int]:
+    """Live processes started by this test's sweeps (they carry the marker in their environment)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (d / "environ").read_bytes():
+                stat = (d / "stat").read_text()
+                if stat[stat.rindex(")") + 2] != "Z":
+                    out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from sdlib.models.tinymodels import build_models
+
+    build_models(MODELS_DIR)
+    d = tmp_path_factory.mktemp("faults")
+    (d / "p.jsonl").write_text("".join(json.dumps({"prompt": f"Write a haiku about the number {i}."}) + "\n"
+                                       for i in range(6)))
+    cfg = {"name": "faults", "results_dir": str(d / "out"),
+           "models": [{"name": "tiny", "path": str(MODELS_DIR / "target"), "max_model_len": 512}],
+           "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3}],
+           "workloads": [{"dataset": "custom", "name": "haiku", "path": str(d / "p.jsonl"), "num_requests": 4,
+                          "max_output_tokens": 24, "ignore_eos": True}],
+           "batch_sizes": [1, 2, 4], "warmup_requests": 1,
+           "engine": {"gpu_memory_utilization": 0.1, "enforce_eager": True}}
+    p = d / "faults.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p, SweepStore(d / "out" / "faults")
+
+
+def _start(p: Path, marker: str) -> subprocess.Popen:
+    env = {**os.environ, "SDLIB_FAULT_TEST": marker, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "sdlib", "sweep", str(p), "--no-summary"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _snapshot(store: SweepStore) -> dict:
+    return {f: f.stat().st_mtime_ns for f in store.dir.glob("*/*.parquet")}
+
+
+def _no_orphans(marker: str) -> None:
+    time.sleep(10)
+    left = _ours(marker)
+    assert not left, f"processes left 10 s later: {[(p, _cmdline(p)[:80]) for p in left]}"
+
+
+def _kept(before: dict) -> None:
+    for f, mtime in before.items():
+        assert f.exists() and f.stat().st_mtime_ns == mtime, f"finished cell file lost or changed: {f}"
+
+
+def test_faults(setup):
+    p, store = setup
+    # 1. kill -9 of the worker in the middle of a cell: its cells fail, the sweep goes on and ends by itself
+    marker = uuid.uuid4().hex
+    proc = _start(p, marker)
+    _wait_for(lambda: len(store.done_ids()) >= 1, 300, "a first cell")
+    before = _snapshot(store)
+    workers = [pid for pid in _ours(marker) if " worker " in _cmdline(pid)]
+    assert workers
+    shm = shm_files(_ours(marker))
+    os.kill(workers[0], signal.SIGKILL)
+    assert proc.wait(timeout=300) in (0, 1)
+    _no_orphans(marker)
+    assert not [f for f in shm if Path(f).exists()], "shared memory left after the worker was killed"
+    _kept(before)
+    failed = set(store.failures()["run_id"]) if len(store.failures()) else set()
+    assert failed and not (failed & store.done_ids())
+    # 2. resume: every cell done
+    proc = _start(p, marker)
+    assert proc.wait(timeout=600) == 0
+    assert len(store.done_ids()) == 6 and store.failures().empty
+    _no_orphans(marker)
+    # 3-5. kill -9 / SIGINT / SIGTERM of the supervisor alone, each mid-cell, then resume
+    for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM):
+        store.remove_cells(set(list(store.done_ids())[:3]))  # three cells to redo
+        marker = uuid.uuid4().hex
+        proc = _start(p, marker)
+        _wait_for(lambda: any(" worker " in _cmdline(x) for x in _ours(marker)), 120, "a worker")
+        time.sleep(8)  # the engine is starting or running
+        before = _snapshot(store)
+        shm = shm_files(_ours(marker))
+        t_kill = time.time()
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=120)
+        _no_orphans(marker)
+        _kept(before)
+        late = [f for f in (store.dir / "failures").glob("*.json") if f.stat().st_mtime > t_kill + 1]
+        assert not late, f"failures written after the kill ({sig!r}): {late}"
+        assert not [f for f in shm if Path(f).exists()], f"shared memory left after {sig!r}"
+        proc = _start(p, marker)
+        assert proc.wait(timeout=600) == 0, sig
+        assert len(store.done_ids()) == 6
