@@ -33,6 +33,8 @@ DELEGATED = {
     "codeedit": ("print code-edit examples as JSON lines", "sdlib.workloads.codeedit"),
     "selfcheck": ("time the phases of a tiny dummy-weight engine in this process (phase-timer self-check)",
                   "sdlib.vllm.selfcheck"),
+    "rates": ("synthetic acceptance rates per draft position that reproduce the authors' traces",
+              "sdlib.sim.closed_form"),
 }
 
 

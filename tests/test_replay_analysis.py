@@ -111,3 +111,15 @@ def test_refit_with_a_fixed_step_cost_is_tokens_per_step():
     (plan,) = replay_plans(prep, "eagle3", "fixed", 3)
     # every step (and the prefill) costs the same: speedup = (L - 1 + 1) / (steps + 1)
     assert out["speedup_sim"].tolist() == pytest.approx([10 / (plan.pos.size + 1)] * 2)
+
+
+def test_per_position_rates_by_hand():
+    from sdlib.sim.closed_form import per_position_rates
+
+    rows = [{"dataset": "d", "request_id": "r0", "prompt_token_ids": [1, 2, 3], "output_token_ids": list(range(6)),
+             "method": m, "acc_len": a} for m, a in (("ngram", [1, 1, 1, 1, 1, 1]), ("eagle3", [1, 4, 2, 1, 3, 1]))]
+    prep = prepare_traces(pd.DataFrame(rows))
+    # decode positions 1..5 gain 4, 2, 1, 3, 1: at least 1 accepted in 3 of 5, at least 2 in 2, at least 3 in 1
+    assert per_position_rates(prep, "eagle3", 3) == pytest.approx([0.6, 0.4, 0.2])
+    with pytest.raises(ValueError, match="no ngram steps"):
+        per_position_rates(prep, "ngram", 3)  # the look-up never proposes here

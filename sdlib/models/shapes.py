@@ -55,6 +55,8 @@ QWEN3_0_6B = dict(QWEN3_8B, hidden_size=1024, intermediate_size=3072, num_hidden
                   num_attention_heads=16, tie_word_embeddings=True)
 LLAMA_3_70B = dict(LLAMA_3_1_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                    num_attention_heads=64, rope_scaling=None, max_position_embeddings=8192)
+# EAGLE-1 head for Llama-3-70B (yuhuili/EAGLE-LLaMA3-Instruct-70B's shape: one decoder layer of the 70B dims)
+EAGLE_LLAMA_3_70B = dict(LLAMA_3_70B, num_hidden_layers=1)
 
 SHAPES: dict[str, dict] = {
     "llama-3.1-8b": LLAMA_3_1_8B,
@@ -64,6 +66,7 @@ SHAPES: dict[str, dict] = {
     "qwen3-8b": QWEN3_8B,
     "qwen3-0.6b": QWEN3_0_6B,
     "llama-3-70b": LLAMA_3_70B,
+    "eagle-llama-3-70b": EAGLE_LLAMA_3_70B,
 }
 
 

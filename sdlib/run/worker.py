@@ -68,18 +68,20 @@ def run_group(spec: dict[str, Any]) -> int:
     model, method = cells[0].model, cells[0].method
     max_batch = max(c.batch_size for c in cells)
     detailed = method.k > 0 and vc.has_detailed_metrics()
-    if sweep.engine.phase_timers:
+    remote_timers = sweep.engine.phase_timers and model.tensor_parallel_size > 1
+    if sweep.engine.phase_timers and not remote_timers:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must reach the model runner
-    if sweep.engine.pin_target:  # the pinning and replay hooks are functions sent to the engine core
+    if sweep.engine.pin_target or remote_timers:  # functions sent to the engine's workers
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     t = time.perf_counter()
     llm = vc.make_llm(model, method, sweep.engine, max_batch=max_batch, seed=sweep.seed, detailed=detailed)
     engine_start_s = time.perf_counter() - t
     timers = None
     if sweep.engine.phase_timers:
-        from sdlib.vllm.phase_hooks import install_phase_timers
+        from sdlib.vllm.phase_hooks import RemoteTimers, install_phase_timers
 
-        timers = install_phase_timers(llm)
+        # tensor parallel: the runners live in worker processes, so the timers go there (rank 0 reports)
+        timers = RemoteTimers(llm) if remote_timers else install_phase_timers(llm)
     replay_kind = None
     if sweep.engine.pin_target:
         vr.pin_target(llm)

@@ -414,3 +414,40 @@ def install_phase_timers(llm: Any, timer: Optional[str] = None, kind: Optional[s
     return PhaseTimers(timer or default_timer(runner)).install(runner, kind)
 
 
+
+
+# --------------------------------------------------------------------------- timers inside the workers
+def _w_timers_install(worker: Any, timer: Optional[str]) -> dict[str, Any]:
+    runner = worker.model_runner
+    t = PhaseTimers(timer or default_timer(runner)).install(runner)
+    runner._sdlib_timers = t
+    return t.describe()
+
+
+def _w_timers_reset(worker: Any) -> None:
+    worker.model_runner._sdlib_timers.reset()
+
+
+def _w_timers_collect(worker: Any) -> list[dict[str, Any]]:
+    return worker.model_runner._sdlib_timers.collect()
+
+
+class RemoteTimers:
+    """The phase timers installed inside the engine's workers (``llm.collective_rpc``), for engines whose
+    model runner lives in other processes (tensor parallel > 1, or the multi-process engine core). Same
+    ``reset`` / ``collect`` / ``describe`` as :class:`PhaseTimers`; the numbers are rank 0's (every rank
+    runs the same steps). The functions are pickled by reference: the worker processes must import sdlib
+    (PYTHONPATH) and the engine needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``."""
+
+    def __init__(self, llm: Any, timer: Optional[str] = None):
+        self.llm = llm
+        self._describe = llm.collective_rpc(_w_timers_install, args=(timer,))[0]
+
+    def reset(self) -> None:
+        self.llm.collective_rpc(_w_timers_reset)
+
+    def collect(self) -> list[dict[str, Any]]:
+        return self.llm.collective_rpc(_w_timers_collect)[0]
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._describe, "installed": "in the workers (collective_rpc), rank 0's timers"}

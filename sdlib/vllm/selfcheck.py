@@ -11,7 +11,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
-from sdlib.vllm.phase_hooks import install_phase_timers
+from sdlib.vllm.phase_hooks import RemoteTimers, install_phase_timers
 
 _TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 688,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
@@ -28,14 +28,17 @@ _DRAFTERS = {
 
 
 def self_check(method: str = "draft_model", k: int = 3, num_prompts: int = 4, max_tokens: int = 24,
-               enforce_eager: Optional[bool] = None) -> dict[str, Any]:
+               enforce_eager: Optional[bool] = None, remote: bool = False) -> dict[str, Any]:
     """Build a tiny dummy-weight engine *in this process*, time a few requests, return what was seen.
 
     ``method``: none, ngram, draft_model, eagle or eagle3. On a GPU CUDA graphs stay on (unless
     ``enforce_eager``), so the graph-replay paths are the ones timed. Returns ``{"rows": collect(),
     "describe": describe(), "tokens": output tokens, "device": ...}``.
     """
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if remote:  # the timers go into the engine's worker processes (the tensor-parallel path)
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    else:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
     from vllm import LLM, SamplingParams
 
@@ -62,7 +65,7 @@ def self_check(method: str = "draft_model", k: int = 3, num_prompts: int = 4, ma
     if spec:
         kw["speculative_config"] = spec
     llm = LLM(**kw)
-    timers = install_phase_timers(llm)
+    timers = RemoteTimers(llm) if remote else install_phase_timers(llm)
     prompts = [{"prompt_token_ids": [5 + (i * 7 + j) % 50 for j in range(32 + 8 * i)]} for i in range(num_prompts)]
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], sp, use_tqdm=False)  # warm-up, not timed
@@ -80,7 +83,9 @@ def main(argv: Optional[list[str]] = None, prog: str = "sdlib selfcheck") -> int
     ap = argparse.ArgumentParser(prog=prog, description="Self-check of the phase timers on a tiny dummy-weight engine.")
     ap.add_argument("--method", default="draft_model", help="none, ngram, draft_model, eagle, eagle3")
     ap.add_argument("--eager", action="store_true", help="enforce_eager (no CUDA graphs)")
+    ap.add_argument("--remote", action="store_true",
+                    help="timers inside the engine's worker processes (collective_rpc), as with tensor parallel")
     a = ap.parse_args(argv)
-    res = self_check(a.method, enforce_eager=True if a.eager else None)
+    res = self_check(a.method, enforce_eager=True if a.eager else None, remote=a.remote)
     print("RESULT " + json.dumps(res), flush=True)
     return 0
