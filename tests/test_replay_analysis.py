@@ -116,7 +116,7 @@ def test_refit_with_a_fixed_step_cost_is_tokens_per_step():
 def test_per_position_rates_by_hand():
     from sdlib.sim.closed_form import per_position_rates
 
-    rows = [{"dataset": "d", "request_id": "r0", "prompt_token_ids": [1, 2, 3], "output_token_ids": list(range(6)),
+    rows = [{"dataset": "d", "request_id": "r0", "prompt_token_ids": [1, 2, 3], "output_token_ids": list(range(10, 16)),
              "method": m, "acc_len": a} for m, a in (("ngram", [1, 1, 1, 1, 1, 1]), ("eagle3", [1, 4, 2, 1, 3, 1]))]
     prep = prepare_traces(pd.DataFrame(rows))
     # decode positions 1..5 gain 4, 2, 1, 3, 1: at least 1 accepted in 3 of 5, at least 2 in 2, at least 3 in 1
