@@ -30,6 +30,8 @@ from sdlib.paths import FIGURES_DIR, resolve  # noqa: E402
 STYLE = {"context": "paper", "style": "whitegrid", "font_scale": 1.2}
 DPI = 150
 FORMATS = ("png", "svg")
+#: Float format of every CSV written beside a figure.
+FLOAT_FORMAT = "%.10g"
 #: Environment variable naming the figures folder when no notebook parameter sets it.
 FIGURES_ENV = "SDLIB_FIGURES_DIR"
 _figures_dir: Optional[Path] = None
@@ -87,9 +89,10 @@ def save_figure(fig, notebook: str, what: str, out_dir: Path | None = None, clos
 
 
 def save_table(df, notebook: str, what: str, out_dir: Path | None = None, **params) -> Path:
-    """Write the small table that backs a figure's quoted numbers, next to the figure (CSV)."""
+    """Write the small table that backs a figure's quoted numbers, next to the figure (CSV). Floats keep
+    10 significant digits, so that reruns on another machine (other BLAS, numpy) give the same file."""
     out = Path(out_dir) if out_dir is not None else figures_dir()
     out.mkdir(parents=True, exist_ok=True)
     p = out / f"{figure_name(notebook, what, **params)}.csv"
-    df.to_csv(p, index=False)
+    df.to_csv(p, index=False, float_format=FLOAT_FORMAT)
     return p
