@@ -30,6 +30,8 @@ Usage:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -75,10 +77,8 @@ def fit_sweep_cost_model(sweep_dir, name: str, eagle_method: str,
 COMMITTED_FITS = {"data/costmodels/h200_llama8b.json": ("data/sweeps/h200_llama8b", "eagle3-k3-L2.5")}
 
 
-def write_fit(sweep_dir, eagle_method: str, out, producer: str) -> "Path":
+def write_fit(sweep_dir, eagle_method: str, out, producer: str) -> Path:
     """Fit ``sweep_dir`` and write the model to ``out`` (named after the file), ``meta.producer`` set."""
-    from pathlib import Path
-
     from sdlib.paths import repo_relative, resolve
 
     out = resolve(out)
