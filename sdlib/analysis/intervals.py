@@ -440,3 +440,20 @@ def acceptance_intervals(steps: pd.DataFrame, runs: pd.DataFrame,
     ci = ci.rename(columns={"value_lo": "mean_acceptance_length_lo", "value_hi": "mean_acceptance_length_hi",
                             "n_requests": "n_requests"}).drop(columns="value")
     return acc.merge(ci, on=list(group), how="left")
+
+
+def wilson(k, n, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of a proportion ``k / n`` (arrays or scalars); NaN where ``n`` is 0.
+
+    For shares of requests (outputs that differ, outputs identical): unlike a bootstrap it has width even
+    when every request agrees (0 of 24 is not proof that the share is 0)."""
+    from statistics import NormalDist
+
+    k, n = np.asarray(k, dtype=float), np.asarray(n, dtype=float)
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    bad = ~(n > 0)
+    return np.where(bad, np.nan, centre - half), np.where(bad, np.nan, centre + half)
