@@ -114,7 +114,7 @@ def test_verdicts_follow_the_intervals():
     assert v[("a", "b")] == "not established (intervals overlap)"
     assert v[("a", "c")] == "a faster" and v[("c", "none")] == "slower than no SD"
     text = " ".join(I.comparison_sentences(cmp_))
-    assert "a vs b" in text and "order not established" in text
+    assert "a vs b" in text and "order not established" in text and "established (intervals apart): a > c" in text
 
 
 def test_acceptance_interval_over_requests():

@@ -368,6 +368,9 @@ def comparison_sentences(cmp_: pd.DataFrame, group: Sequence[str] = ("dataset", 
         if und:
             parts.append("not established against no SD: " + "; ".join(und))
         pairs = g[(g["b"] != "none")]
+        ranked = [f"{r.a} > {r.b}" for r in pairs.itertuples() if not r.verdict.startswith("not established")]
+        if ranked:
+            parts.append("established (intervals apart): " + ", ".join(ranked))
         tied = [f"{r.a} vs {r.b}" for r in pairs.itertuples() if r.verdict.startswith("not established")]
         if tied:
             parts.append("order not established (intervals overlap): " + ", ".join(tied))
