@@ -18,7 +18,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from sdlib.paths import REPO_ROOT
 
