@@ -59,7 +59,7 @@ test: models
 	$(VENV)/bin/python -m pytest -q tests --durations=15
 
 test-fast: setup
-	$(VENV)/bin/python -m pytest -q tests -m "not engine"
+	$(VENV)/bin/python -m pytest -q tests -m "not engine and not notebooks"
 
 # harness overhead (CPU build, tiny models) -> data/benchmarks/harness_overhead.md (the README links it)
 bench: models
