@@ -1,7 +1,7 @@
 # The two commands of the README:
 #   make figures   set up, run the embedded sweep (trained models in data/models), write our traces,
-#                  re-execute the notebooks
-#   make test      set up, run every test (unit, engine, notebooks)
+#                  refit the committed cost models, re-execute the notebooks -> figures/
+#   make test      set up, run every test (unit, engine, notebooks via papermill into a temporary folder)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,10 +9,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SWEEP ?= configs/embedded_default.yaml
 TRACE_DATASETS ?= sharegpt code_edit
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep traces notebooks figures test test-fast bench lab strip clean-sweep
+.PHONY: setup models sweep traces costmodels notebooks figures test test-fast bench roofline lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,23 +42,34 @@ traces: setup
 	    --num-requests 12 --methods ngram,eagle3 --k 8 --dtype bfloat16 --max-model-len 1024 --out $$out || exit 1; \
 	done
 
+# the cost models fitted to committed sweeps (data/costmodels/*.json; sdlib.sim.costfit.COMMITTED_FITS)
+costmodels: setup
+	$(PY) -m sdlib.sim.costfit --committed
+
+# every notebook run that writes figures/ (sdlib/plots/notebooks.py: each notebook with its defaults, and
+# notebooks 01-02 with configs/gpu_sweeps.papermill.yaml); executed copies in build/notebooks
 notebooks: setup
-	mkdir -p build/notebooks
-	for nb in $(NOTEBOOKS); do \
-	  echo "== papermill $$nb"; \
-	  $(VENV)/bin/papermill --progress-bar "$$nb" "build/notebooks/$$(basename $$nb)" -k python3 || exit 1; \
-	done
+	$(PY) -m sdlib.plots.notebooks --out build/notebooks
 
-figures: sweep traces notebooks
+figures: sweep traces costmodels notebooks
 
+# notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary
+# folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py)
 test: models
-	$(VENV)/bin/python -m pytest -q tests notebooks --nbmake --durations=15
+	$(VENV)/bin/python -m pytest -q tests --durations=15
 
 test-fast: setup
-	$(VENV)/bin/python -m pytest -q tests -m "not engine"
+	$(VENV)/bin/python -m pytest -q tests -m "not engine and not notebooks"
 
+# harness overhead (CPU build, tiny models) -> data/benchmarks/harness_overhead.md (the README links it)
 bench: models
-	$(PY) benchmarks/harness_overhead.py
+	$(PY) benchmarks/harness_overhead.py --out data/benchmarks/harness_overhead.md
+
+# GPU box only, in the GPU environment (env.yml): the device's copy bandwidth and bf16 matmul rate for
+# notebook 01's roofline (make roofline ROOFLINE_SWEEP=h200_llama8b -> data/sweeps/h200_llama8b/roofline.json)
+ROOFLINE_SWEEP ?= h200_llama8b
+roofline:
+	$(PYTHON) benchmarks/device_roofline.py --out data/sweeps/$(ROOFLINE_SWEEP)/roofline.json
 
 # JupyterLab on 127.0.0.1 (no browser; open the printed URL). As root (containers) it needs --allow-root.
 LAB_PORT ?= 8888

@@ -1,15 +1,35 @@
-"""Measure a GPU's copy bandwidth and bf16 matmul throughput (for roofline lines), print JSON.
+"""Measure a GPU's copy bandwidth and bf16 matmul throughput (for notebook 01's roofline lines) as JSON.
 
-Usage (on a GPU box):  python benchmarks/device_roofline.py > data/sweeps/<name>/roofline.json
+Usage (on a GPU box):  python benchmarks/device_roofline.py --out data/sweeps/<name>/roofline.json
+                       (or `make roofline ROOFLINE_SWEEP=<name>`; without --out the JSON is printed)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from pathlib import Path
+
+#: Named in the JSON so that every committed roofline.json says what wrote it.
+PRODUCER = "benchmarks/device_roofline.py (make roofline)"
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="write the JSON here (folders created) instead of printing it")
+    a = ap.parse_args(argv)
+    text = json.dumps({**measure(), "producer": PRODUCER})
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def measure() -> dict:
+    """Copy bandwidth (GB/s, read + write bytes) and bf16 matmul rate (TFLOP/s) of CUDA device 0."""
     import torch
 
     dev = torch.device("cuda")
@@ -43,11 +63,10 @@ def main() -> int:
     torch.cuda.synchronize()
     sec = s.elapsed_time(e) / 1e3 / reps
     tflops = 2 * m**3 / sec / 1e12
-    print(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                      "copy_bandwidth_gb_s": round(copy_gbs, 1),
-                      "bf16_matmul_tflop_s": round(tflops, 1),
-                      "method": "copy_ 4 GiB bf16 (read+write bytes), 20 reps; 8192^3 bf16 matmul, 50 reps; CUDA events"}))
-    return 0
+    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "copy_bandwidth_gb_s": round(copy_gbs, 1),
+            "bf16_matmul_tflop_s": round(tflops, 1),
+            "method": "copy_ 4 GiB bf16 (read+write bytes), 20 reps; 8192^3 bf16 matmul, 50 reps; CUDA events"}
 
 
 if __name__ == "__main__":

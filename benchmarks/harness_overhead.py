@@ -4,10 +4,13 @@
 outputs through ``LLMEngine.step()``, per-request timestamps, per-step records,
 vLLM's detailed per-request metrics, and the tables built from them. Same
 engine, same prompts, same batch (all requests submitted at once), alternated
-over repeats. Prints one table and a ratio; not a test.
+over repeats. Prints one table and the ratio on/off with a 95% interval (bootstrap over the paired
+repeats); not a test. ``--out FILE`` also writes it as markdown with its provenance (``make bench`` ->
+``data/benchmarks/harness_overhead.md``, which the README links).
 
 Usage:
     python benchmarks/harness_overhead.py [--method draft_model] [--batch-size 16] [--requests 32] [--tokens 64]
+                                          [--repeats 5] [--out data/benchmarks/harness_overhead.md]
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", help="also write the result as markdown here (make bench: data/benchmarks/harness_overhead.md)")
     a = ap.parse_args()
 
     from sdlib.vllm import compat as vc
@@ -79,13 +83,54 @@ def main() -> int:
         r_off.append(off())
         r_on.append(on())
     m_off, m_on = statistics.mean(r_off), statistics.mean(r_on)
-    print(f"vLLM {vc.vllm_version()} | {device_name()} | tiny target, method {a.method} (k=3) | "
-          f"{len(prompts)} requests x {a.tokens} tokens, all submitted at once | {a.repeats} repeats")
-    print(f"{'extraction':<12}{'tok/s mean':>12}{'runs':>40}")
-    print(f"{'off':<12}{m_off:>12.1f}{str([round(x, 1) for x in r_off]):>40}")
-    print(f"{'on':<12}{m_on:>12.1f}{str([round(x, 1) for x in r_on]):>40}")
-    print(f"ratio on/off = {m_on / m_off:.3f}")
+    lo, hi = paired_ratio_interval(r_on, r_off)
+    verdict = ("the interval includes 1: no overhead (or gain) is established" if lo <= 1 <= hi
+               else f"extraction {'slows' if hi < 1 else 'speeds up'} generation (interval excludes 1)")
+    lines = [
+        f"vLLM {vc.vllm_version()} | {device_name()} | tiny target, method {a.method} (k=3) | "
+        f"{len(prompts)} requests x {a.tokens} tokens, all submitted at once | {a.repeats} repeats, off/on alternated",
+        f"{'extraction':<12}{'tok/s mean':>12}{'runs':>48}",
+        f"{'off':<12}{m_off:>12.1f}{str([round(x, 1) for x in r_off]):>48}",
+        f"{'on':<12}{m_on:>12.1f}{str([round(x, 1) for x in r_on]):>48}",
+        f"ratio on/off = {m_on / m_off:.3f}, 95% CI [{lo:.3f}, {hi:.3f}] (bootstrap over the {a.repeats} paired repeats); "
+        f"{verdict}",
+    ]
+    print("\n".join(lines))
+    if a.out:
+        write_markdown(a.out, lines, sys.argv)
     return 0
+
+
+def paired_ratio_interval(on: list[float], off: list[float], n_boot: int = 5000, level: float = 0.95,
+                          seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of mean(on) / mean(off) over resamples of the repeats, on and off of a repeat
+    drawn together (they ran back to back on the same engine)."""
+    import numpy as np
+
+    x, y = np.asarray(on, float), np.asarray(off, float)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    reps = x[idx].mean(axis=1) / y[idx].mean(axis=1)
+    lo, hi = np.quantile(reps, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def write_markdown(path: str, lines: list[str], argv: list[str]) -> Path:
+    """The result as markdown, its first line naming the producer (tests/test_artefacts.py checks it)."""
+    from sdlib.store.provenance import git_commit, utc_now
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = " ".join(["python", "benchmarks/harness_overhead.py", *argv[1:]])
+    text = ["# Harness overhead (written by `make bench`: benchmarks/harness_overhead.py)", "",
+            f"Command: `{cmd}`; git {git_commit()}; {utc_now()}.", "",
+            "Output tokens/s of plain `llm.generate` (off) and of sdlib's extraction (on: DELTA step loop, "
+            "timestamps, detailed metrics, tables) on the same engine, with the random-weight tiny models of "
+            "`sdlib models` (a random draft accepts almost nothing; the harness cost does not depend on it). "
+            "On a shared CPU the run-to-run spread can be larger than the difference; the interval says whether "
+            "a difference is established.", "",
+            "```", *lines, "```", ""]
+    out.write_text("\n".join(text))
+    return out
 
 
 if __name__ == "__main__":

@@ -2,17 +2,68 @@
 DELTA outputs.
 
 Tiers: unit tests (no marker) run anywhere; ``engine`` tests need the CPU build of vLLM and are skipped
-without it; ``gpu`` tests need a CUDA GPU and vLLM; ``notebooks`` are the notebook runs (nbmake), marked
-here at collection. ``pytest -m "not engine and not notebooks"`` is the fast tier.
+without it; ``gpu`` tests need a CUDA GPU and vLLM; ``notebooks`` are the notebook runs (papermill in
+``tests/test_notebooks_run.py``, or nbmake on ``notebooks/``), marked here at collection.
+``pytest -m "not engine and not notebooks"`` is the fast tier.
+
+Tests never write ``figures/``: ``SDLIB_FIGURES_DIR`` points at a temporary folder for the whole session
+(``sdlib.plots.style``), and the notebook runs get their own ``FIGURES_DIR``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+
+def pytest_configure(config):
+    """Send any figure a test (or a notebook it runs) saves to a temporary folder, never to figures/."""
+    os.environ["SDLIB_FIGURES_DIR"] = tempfile.mkdtemp(prefix="sdlib-test-figures-")
+
+
+class NotebookRuns:
+    """The notebook runs of ``make notebooks`` (:data:`sdlib.plots.notebooks.RUNS`), executed at most once
+    per session with papermill into a temporary folder: executed copies in ``root``, figures and their
+    CSVs in ``figures`` (one folder for all runs, as ``make notebooks`` uses ``figures/``)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.figures = self.root / "figures"
+        self.done: dict[str, Path] = {}
+
+    def run(self, name: str) -> Path:
+        """Execute the run called ``name`` (a notebook stem or ``<stem>+<parameter file>``) once; its copy."""
+        from sdlib.plots.notebooks import RUNS, execute
+
+        if name not in self.done:
+            run = next(r for r in RUNS if r.name == name)
+            self.done[name] = execute(run, self.root, self.figures)
+        return self.done[name]
+
+    def csv(self, name: str, file: str):
+        """The table ``file`` (under the figures folder) after run ``name``."""
+        import pandas as pd
+
+        self.run(name)
+        return pd.read_csv(self.figures / file)
+
+    def run_all(self) -> Path:
+        from sdlib.plots.notebooks import RUNS
+
+        for r in RUNS:
+            self.run(r.name)
+        return self.figures
+
+
+@pytest.fixture(scope="session")
+def notebook_runs(tmp_path_factory) -> NotebookRuns:
+    return NotebookRuns(tmp_path_factory.mktemp("notebook_runs"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,7 +88,7 @@ def cuda_available() -> bool:
 def pytest_collection_modifyitems(config, items):
     """Mark notebook items ``notebooks``; skip ``engine`` items without vLLM and ``gpu`` items without a GPU."""
     for item in items:
-        if str(getattr(item, "path", "")).endswith(".ipynb"):
+        if str(getattr(item, "path", "")).endswith(".ipynb") or "notebook_runs" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.notebooks)
         if "gpu" in item.keywords and not (cuda_available() and vllm_importable()):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU and vLLM"))

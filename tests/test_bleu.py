@@ -75,5 +75,29 @@ def test_binned_relative_speedup():
 
 
 def test_measured_none(tmp_path):
-    rows, why = measured_bleu_runs(tmp_path)
+    rows, why = measured_bleu_runs([tmp_path])
     assert rows.empty and "no sweep" in why
+
+
+def test_binned_relative_speedup_pairs_requests_and_gives_an_interval():
+    # bin 0.0-0.2: n-gram is exactly 2x EAGLE-3 on every request -> the paired interval is [+100%, +100%]
+    per = pd.DataFrame({"dataset": "d", "request_id": list("abcab"), "label": ["e", "e", "e", "n", "n"],
+                        "sd_tok_per_s": [10.0, 20.0, 40.0, 20.0, 40.0]})
+    bl = pd.DataFrame({"dataset": "d", "request_id": list("abc"), "bleu4": [0.1, 0.1, 0.1]})
+    out = binned_relative_speedup(per, bl, reference_label="e").iloc[0]
+    assert out.num_requests == 2  # request c has no n-gram row: not paired, left out
+    assert out.relative_speedup == pytest.approx(1.0)
+    assert [out.relative_speedup_lo, out.relative_speedup_hi] == pytest.approx([1.0, 1.0])
+
+
+def test_measured_bleu_runs_of_the_embedded_sweep():
+    from sdlib.analysis.bleu import measured_relative_speedup
+
+    rows, why = measured_bleu_runs(["data/sweeps/embedded_default", "data/sweeps/h200_llama8b"])
+    assert set(rows.sweep) == {"embedded_default"} and "1 sweep" in why  # synthetic acceptance skipped
+    assert (rows.bleu4_no_bp >= rows.bleu4 - 1e-12).all()
+    mb, ref, bs = measured_relative_speedup(rows, bleu_col="bleu4_no_bp", n_boot=200)
+    assert ref == "eagle3-k3" and bs == 1 and set(mb.label) == {"ngram-k3"}  # EAGLE-3, not EAGLE-1
+    assert set(mb.dataset) == {"code_edit", "humaneval", "sharegpt"}
+    assert (mb.pale == (mb.num_requests < 5)).all()
+    assert mb.groupby("dataset").num_requests.sum().tolist() == [24, 24, 24]

@@ -63,7 +63,7 @@ def test_measured_relative_speedup_smallest_batch_and_eagle_reference():
     m = pd.DataFrame(rows, columns=["dataset", "request_id", "label", "batch_size", "sd_tok_per_s", "bleu4"])
     mb, ref, bs = BL.measured_relative_speedup(m)
     assert (ref, bs) == ("eagle3-k3", 1)
-    assert mb.relative_speedup.tolist() == pytest.approx([0.5])
+    assert mb.relative_speedup.tolist() == pytest.approx([0.5]) and mb.pale.tolist() == [True]
     mb, ref, bs = BL.measured_relative_speedup(m[m.label == "ngram-k3"])
     assert ref is None and mb.empty
 
@@ -131,13 +131,26 @@ def test_plot_bins_paper_and_all():
     assert fig.axes[1].get_ylabel() == "" and fig.axes[1].get_legend() is not None
 
 
-def test_plot_measured_one_line_per_label():
-    mb = pd.DataFrame({"label": ["a", "a", "b"], "bin": ["0.0-0.2", "0.2-0.4", "0.0-0.2"],
-                       "relative_speedup": [0.1, 0.2, -0.3]})
-    ax = BP.plot_measured(mb, "eagle", "t").axes[0]
-    assert len(ax.lines) == 2 + 1
-    assert ax.lines[1].get_ydata().tolist() == pytest.approx([-30.0])
-    assert ax.get_ylabel() == "throughput vs eagle (%)"
+def test_plot_measured_one_panel_per_dataset_pale_small_bins():
+    mb = pd.DataFrame({"dataset": ["x", "x", "y"], "label": ["a", "a", "a"], "bin": ["0.0-0.2", "0.2-0.4", "0.0-0.2"],
+                       "relative_speedup": [0.1, 0.2, -0.3], "relative_speedup_lo": [0.0, 0.1, -0.4],
+                       "relative_speedup_hi": [0.2, 0.3, -0.2], "num_requests": [3, 9, 9]})
+    fig = BP.plot_measured(mb, "eagle3-k3", "t")
+    ax_x, ax_y = fig.axes[:2]
+    assert [ax_x.get_title(), ax_y.get_title()] == ["x", "y"]
+    assert ax_x.get_ylabel() == "throughput vs eagle3-k3 (%)"
+    alphas = [p.get_alpha() for p in ax_x.patches[:2]]
+    assert alphas[0] == pytest.approx(0.3) and alphas[1] is None  # n=3 pale, n=9 not
+    assert [t.get_text() for t in ax_x.get_xticklabels()][:2] == ["0.0-0.2\nn=3", "0.2-0.4\nn=9"]
+
+
+def test_bin_sentences_leave_out_small_bins_and_do_not_rank_overlaps():
+    b = pd.DataFrame({"dataset": "d", "label": "n-gram k=3", "bin": ["0.0-0.2", "0.2-0.4", "0.8-1.0"],
+                      "relative_speedup": [-0.2, 0.05, 0.9], "relative_speedup_lo": [-0.3, -0.01, 0.5],
+                      "relative_speedup_hi": [-0.1, 0.1, 1.2], "num_requests": [50, 40, 3]})
+    (line,) = BL.bin_sentences(b, "EAGLE-3")
+    assert "slower than EAGLE-3 in 0.0-0.2" in line and "not established in 0.2-0.4" in line
+    assert "0.8-1.0" not in line and "1 bin(s) with fewer than 5 requests left out" in line
 
 
 def test_plot_acceptance_by_bleu_grouped_bars():

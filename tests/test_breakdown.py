@@ -324,3 +324,13 @@ def test_engine_gpu_cuda_events(method, kind):
     """On the GPU box with vLLM 0.26: n-gram and draft model run the V1 runner, EAGLE/EAGLE-3 the V2
     runner (async scheduling); CUDA graphs on, so the graph-replay paths are the ones timed."""
     _check(_self_check(method, timeout=900), "cuda_event", kind)
+
+
+def test_share_intervals_over_pooled_runs():
+    # two runs of one bar: verify shares 0.5 and 0.7 with equal step time -> replicates 0.5, 0.6 or 0.7;
+    # a bar of one run has no interval
+    bt = pd.DataFrame({"model": "m", "method_label": ["e", "e", "n"], "batch_size": 1, "step_s": 1.0,
+                       "draft_s": 0.1, "verify_s": [0.5, 0.7, 0.8], "sample_s": 0.0, "other_s": [0.4, 0.2, 0.1]})
+    ci = A.share_intervals(bt, n_boot=500).set_index("method_label")
+    assert [ci.loc["e", "share_verify_lo"], ci.loc["e", "share_verify_hi"]] == pytest.approx([0.5, 0.7])
+    assert math.isnan(ci.loc["n", "share_verify_lo"])

@@ -125,6 +125,6 @@ def test_plot_greedy_drift_three_panels_on_the_batch_sizes():
     for ax in fig.axes:
         assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "8"]
     assert fig.axes[1].get_ylim() == pytest.approx((-0.02, 1.02))
-    assert fig.texts[0].get_text() == "Greedy drift — src"
+    assert fig.texts[0].get_text().startswith("Greedy drift — src\n")
     fig = VP.plot_greedy_drift(drift, lossless.iloc[0:0], "src")
     assert not fig.axes[2].lines  # no lossless rows: that panel stays blank

@@ -24,6 +24,7 @@ Usage:
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -120,23 +121,44 @@ def bleu_bins(values, width: float = 0.2) -> pd.Categorical:
     return pd.Categorical.from_codes(idx, categories=labels, ordered=True)
 
 
-def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, reference_label: str,
-                            label_col: str = "label", width: float = 0.2) -> pd.DataFrame:
-    """Per BLEU bin: mean throughput of each label / mean throughput of ``reference_label`` - 1.
+#: Bins with fewer requests than this are drawn pale and left out of the prose.
+MIN_BIN_REQUESTS = 5
 
-    ``per_request``: dataset, request_id, ``label_col``, sd_tok_per_s (one row per
-    request and label, e.g. from :func:`sdlib.sim.oracle.simulate_requests`);
-    ``bleu``: dataset, request_id, bleu4. Returns dataset, bin, label, num_requests,
-    tok_per_s, ref_tok_per_s, relative_speedup (0.5 = +50%).
+
+def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, reference_label: str,
+                            label_col: str = "label", width: float = 0.2, n_boot: int = 2000,
+                            level: float = 0.95) -> pd.DataFrame:
+    """Per BLEU bin: mean throughput of each label / mean throughput of ``reference_label`` - 1, over the
+    bin's requests that have both (paired), with a bootstrap interval over those requests.
+
+    ``per_request``: dataset, request_id, ``label_col``, sd_tok_per_s (one row per request and label,
+    e.g. from :func:`sdlib.sim.oracle.simulate_requests`); ``bleu``: dataset, request_id, bleu4.
+    Returns dataset, bin, label, num_requests, tok_per_s, ref_tok_per_s, relative_speedup (0.5 = +50%),
+    relative_speedup_lo, relative_speedup_hi (``level`` percentile interval of ``n_boot`` paired
+    resamples of the bin's requests; NaN with fewer than 2 requests).
     """
     d = per_request.merge(bleu[["dataset", "request_id", "bleu4"]], on=["dataset", "request_id"])
     d["bin"] = bleu_bins(d["bleu4"], width)
-    g = d.groupby(["dataset", "bin", label_col], observed=True)["sd_tok_per_s"].agg(["mean", "size"]).reset_index()
-    ref = g[g[label_col] == reference_label][["dataset", "bin", "mean"]].rename(columns={"mean": "ref_tok_per_s"})
-    out = g[g[label_col] != reference_label].merge(ref, on=["dataset", "bin"])
-    out = out.rename(columns={"mean": "tok_per_s", "size": "num_requests", label_col: "label"})
-    out["relative_speedup"] = out["tok_per_s"] / out["ref_tok_per_s"] - 1.0
-    return out[["dataset", "bin", "label", "num_requests", "tok_per_s", "ref_tok_per_s", "relative_speedup"]]
+    ref = d[d[label_col] == reference_label][["dataset", "request_id", "sd_tok_per_s"]].rename(
+        columns={"sd_tok_per_s": "ref_tok_per_s"}).drop_duplicates(["dataset", "request_id"])
+    pair = d[d[label_col] != reference_label].merge(ref, on=["dataset", "request_id"])
+    cols = ["dataset", "bin", "label", "num_requests", "tok_per_s", "ref_tok_per_s", "relative_speedup",
+            "relative_speedup_lo", "relative_speedup_hi"]
+    rows = []
+    for (ds, b, lab), g in pair.groupby(["dataset", "bin", label_col], observed=True):
+        x, r = g["sd_tok_per_s"].to_numpy(float), g["ref_tok_per_s"].to_numpy(float)
+        lo = hi = np.nan
+        if len(g) >= 2:
+            rng = np.random.default_rng(zlib.crc32(repr((ds, str(b), lab)).encode()))
+            idx = rng.integers(0, len(g), size=(n_boot, len(g)))
+            reps = x[idx].mean(axis=1) / r[idx].mean(axis=1) - 1.0
+            lo, hi = np.quantile(reps, [(1 - level) / 2, 1 - (1 - level) / 2])
+        rows.append({"dataset": ds, "bin": b, "label": lab, "num_requests": len(g), "tok_per_s": x.mean(),
+                     "ref_tok_per_s": r.mean(), "relative_speedup": x.mean() / r.mean() - 1.0,
+                     "relative_speedup_lo": float(lo), "relative_speedup_hi": float(hi)})
+    out = pd.DataFrame(rows, columns=cols)
+    out["bin"] = pd.Categorical(out["bin"], categories=bleu_bins([0.0], width).categories, ordered=True)
+    return out
 
 
 def bin_counts(bleu: pd.DataFrame, width: float = 0.2) -> pd.DataFrame:
@@ -166,20 +188,66 @@ def binned_by_convention(per_request: pd.DataFrame, bleu: pd.DataFrame, labels: 
                       for c, g in per.groupby("convention")], ignore_index=True)
 
 
-def measured_relative_speedup(measured: pd.DataFrame, width: float = 0.2) -> tuple[pd.DataFrame, Optional[str], int]:
-    """Per BLEU bin, measured throughput of each label relative to the EAGLE one, at the smallest batch size.
+def _method_of(m: pd.DataFrame) -> pd.Series:
+    """The SD method of each measured row: its ``method`` column, else the label's first part (``ngram-k3``)."""
+    return m["method"].astype(str) if "method" in m.columns else m["label"].astype(str).str.split("-").str[0]
 
-    ``measured``: :func:`measured_bleu_runs` rows. The reference is the first label (sorted) that
-    starts with ``eagle``. Returns (:func:`binned_relative_speedup` rows, empty without a reference;
-    the reference label or None; the batch size).
+
+def measured_relative_speedup(measured: pd.DataFrame, width: float = 0.2, bleu_col: str = "bleu4",
+                              reference_method: str = "eagle3", compared_method: str = "ngram",
+                              n_boot: int = 2000) -> tuple[pd.DataFrame, Optional[str], int]:
+    """Per dataset and BLEU bin, measured throughput of each ``compared_method`` label (n-gram, every k)
+    relative to the dataset's ``reference_method`` label (EAGLE-3), at the smallest batch size, paired by
+    request (prompt), with bootstrap intervals (:func:`binned_relative_speedup`).
+
+    ``measured``: :func:`measured_bleu_runs` rows; ``bleu_col``: ``bleu4`` or ``bleu4_no_bp``. Returns
+    (rows with ``pale`` = fewer than :data:`MIN_BIN_REQUESTS` requests; empty without a reference; the
+    reference label (several joined by " / " when datasets differ) or None; the batch size).
     """
+    if measured.empty:
+        return pd.DataFrame(), None, 0
     bs = int(measured.batch_size.min())
-    m = measured[measured.batch_size == bs]
-    ref = next((lab for lab in sorted(m.label.unique()) if lab.startswith("eagle")), None)
-    if ref is None:
+    m = measured[measured.batch_size == bs].assign(_method=lambda x: _method_of(x))
+    frames, refs = [], []
+    for ds, g in m.groupby("dataset"):
+        ref = next(iter(sorted(g.loc[g._method == reference_method, "label"].unique())), None)
+        if ref is None or not (g._method == compared_method).any():
+            continue
+        refs.append(ref)
+        g = g[(g._method == compared_method) | (g.label == ref)]
+        bleu = g[["dataset", "request_id", bleu_col]].drop_duplicates(["dataset", "request_id"]).rename(
+            columns={bleu_col: "bleu4"})
+        frames.append(binned_relative_speedup(g.drop(columns=[c for c in ("bleu4",) if c in g.columns]), bleu, ref,
+                                              width=width, n_boot=n_boot).assign(reference=ref))
+    if not frames:
         return pd.DataFrame(), None, bs
-    bleu = m[["dataset", "request_id", "bleu4"]].drop_duplicates(["dataset", "request_id"])
-    return binned_relative_speedup(m.drop(columns="bleu4"), bleu, ref, width=width), ref, bs
+    out = pd.concat(frames, ignore_index=True)
+    out["pale"] = out["num_requests"] < MIN_BIN_REQUESTS
+    return out, " / ".join(dict.fromkeys(refs)), bs
+
+
+def bin_sentences(b: pd.DataFrame, ref_label: str, min_requests: int = MIN_BIN_REQUESTS) -> list[str]:
+    """Prose for per-bin relative speedups (:func:`binned_relative_speedup` rows, one convention): per
+    dataset and label, the bins whose interval lies above 0 (faster than ``ref_label``), below 0 (slower),
+    and the rest (not established); bins with fewer than ``min_requests`` requests are left out and counted."""
+    out = []
+    for (ds, lab), g in b.groupby(["dataset", "label"], observed=True):
+        g = g.sort_values("bin")
+        ok = g[g["num_requests"] >= min_requests]
+        few = int((g["num_requests"] < min_requests).sum())
+
+        def fmt(r) -> str:
+            return f"{r.bin} ({100 * r.relative_speedup:+.0f}% [{100 * r.relative_speedup_lo:+.0f}, " \
+                   f"{100 * r.relative_speedup_hi:+.0f}], n={r.num_requests})"
+        faster = [fmt(r) for r in ok.itertuples() if r.relative_speedup_lo > 0]
+        slower = [fmt(r) for r in ok.itertuples() if r.relative_speedup_hi < 0]
+        unsure = [str(r.bin) for r in ok.itertuples() if not (r.relative_speedup_lo > 0 or r.relative_speedup_hi < 0)]
+        parts = [f"faster than {ref_label} in " + "; ".join(faster)] if faster else []
+        parts += [f"slower than {ref_label} in " + "; ".join(slower)] if slower else []
+        parts += [f"not established in {', '.join(unsure)} (interval includes 0)"] if unsure else []
+        tail = f" ({few} bin(s) with fewer than {min_requests} requests left out)" if few else ""
+        out.append(f"{ds}, {lab}: " + (". ".join(parts) or "no bin with enough requests") + "." + tail)
+    return out
 
 
 def brevity_penalty(reference_len, hypothesis_len) -> np.ndarray:
@@ -231,22 +299,26 @@ def _not_meaningful(sweep_dir: Path) -> str:
     return ""
 
 
-def measured_bleu_runs(sweeps_dir: Path, prompt_ids: Optional[Callable[[pd.DataFrame], pd.Series]] = None,
+def measured_bleu_runs(sweep_dirs, prompt_ids: Optional[Callable[[pd.DataFrame], pd.Series]] = None,
                        methods: Sequence[str] = ("ngram", "eagle", "eagle3")) -> tuple[pd.DataFrame, str]:
     """Measured per-request throughput with BLEU-4, from sweep folders that ran n-gram and EAGLE.
 
-    Looks in every ``<sweeps_dir>/<sweep>/`` for ``runs`` and ``requests`` tables
-    (``sdlib.store.sweep_store`` layout) with ``output_token_ids``. BLEU needs the prompt's
-    token ids: a ``prompt_token_ids`` column in ``requests`` or ``prompt_ids(requests)``
-    returning them. Returns (rows: dataset, request_id, label, batch_size,
-    sd_tok_per_s, bleu4 ; a sentence saying what was found or why nothing).
+    ``sweep_dirs``: sweep folders (``sdlib.store.sweep_store`` layout) with ``runs`` and ``requests``
+    tables whose requests carry ``output_token_ids``. BLEU needs the prompt's token ids: a
+    ``prompt_token_ids`` column in ``requests`` or ``prompt_ids(requests)`` returning them. Sweeps whose
+    acceptance does not depend on the text (synthetic acceptance, random weights) are skipped.
+    Returns (rows: sweep, dataset, request_id (prompt index), label, method, batch_size, sd_tok_per_s
+    (output tokens / latency), prompt_tokens, output_tokens, bleu4, bleu4_no_bp ; a sentence saying what
+    was found or why nothing).
     """
     from sdlib.store import read_table
 
-    empty = pd.DataFrame(columns=["dataset", "request_id", "label", "batch_size", "sd_tok_per_s", "bleu4"])
-    sweeps = sorted(p for p in Path(sweeps_dir).glob("*") if (p / "requests").is_dir() and (p / "runs").is_dir())
+    cols = ["sweep", "dataset", "request_id", "label", "method", "batch_size", "sd_tok_per_s", "prompt_tokens",
+            "output_tokens", "bleu4", "bleu4_no_bp"]
+    empty = pd.DataFrame(columns=cols)
+    sweeps = [Path(p) for p in sweep_dirs if (Path(p) / "requests").is_dir() and (Path(p) / "runs").is_dir()]
     if not sweeps:
-        return empty, f"no sweep with runs and requests tables under {sweeps_dir}"
+        return empty, "no sweep with runs and requests tables"
     frames, why = [], []
     for s in sweeps:
         skip = _not_meaningful(s)
@@ -271,11 +343,17 @@ def measured_bleu_runs(sweeps_dir: Path, prompt_ids: Optional[Callable[[pd.DataF
 
         out_ids = req["output_token_ids"].map(lambda x: json.loads(x) if isinstance(x, str) else list(x))
         pids = pids.map(lambda x: json.loads(x) if isinstance(x, str) else list(x))
-        b = [bleu4(strip_special(p), strip_special(o)) for p, o in zip(pids, out_ids)]
+        p_ids = [strip_special(p) for p in pids]
+        o_ids = [strip_special(o) for o in out_ids]
+        b = np.array([bleu4(p, o) for p, o in zip(p_ids, o_ids)])
+        pl, ol = np.array([len(p) for p in p_ids]), np.array([len(o) for o in o_ids])
         frames.append(pd.DataFrame({
-            "dataset": req["dataset"].astype(str).values, "request_id": req["prompt_index"].astype(str).values,
-            "label": req["method_label"].astype(str).values, "batch_size": req["batch_size"].astype(int).values,
-            "sd_tok_per_s": (req["output_tokens"] / req["latency_s"]).astype(float).values, "bleu4": b}))
+            "sweep": s.name, "dataset": req["dataset"].astype(str).values,
+            "request_id": req["prompt_index"].astype(str).values, "label": req["method_label"].astype(str).values,
+            "method": req["method"].astype(str).values, "batch_size": req["batch_size"].astype(int).values,
+            "sd_tok_per_s": (req["output_tokens"] / req["latency_s"]).astype(float).values,
+            "prompt_tokens": pl, "output_tokens": ol, "bleu4": b,
+            "bleu4_no_bp": np.minimum(b / brevity_penalty(pl, ol), 1.0)}))
     if not frames:
         return empty, "; ".join(why)
-    return pd.concat(frames, ignore_index=True), f"{len(frames)} sweep(s) with n-gram and EAGLE requests"
+    return pd.concat(frames, ignore_index=True)[cols], f"{len(frames)} sweep(s) with n-gram and EAGLE requests"

@@ -60,7 +60,8 @@ def mean_context_tokens(requests: pd.DataFrame) -> float:
 
 def measured_roofline(tp_none: pd.DataFrame, shape: dict, context_tokens: float, device: dict[str, Any]) -> pd.DataFrame:
     """:func:`decode_roofline` at the measured no-SD batch sizes, joined with their measured tok/s:
-    adds ``tok_per_s`` and ``fraction_of_roofline`` = measured / roofline.
+    adds ``tok_per_s`` and ``fraction_of_roofline`` = measured / roofline (and their ``_lo``/``_hi`` when
+    ``tp_none`` has ``tok_per_s_lo``/``tok_per_s_hi``: :func:`sdlib.analysis.intervals.throughput_intervals`).
 
     ``tp_none``: the no-SD rows of :func:`sdlib.analysis.measures.throughput_table`; ``shape``: a
     model config (:func:`sweep_shape`); ``device``: :func:`read_device_roofline`.
@@ -68,6 +69,9 @@ def measured_roofline(tp_none: pd.DataFrame, shape: dict, context_tokens: float,
     roof = decode_roofline(param_count(shape), kv_bytes_per_token(shape), context_tokens,
                            sorted(tp_none["batch_size"].unique()), device["copy_bandwidth_gb_s"],
                            device["bf16_matmul_tflop_s"])
-    roof = roof.merge(tp_none[["batch_size", "tok_per_s"]], on="batch_size")
+    ci = [c for c in ("tok_per_s_lo", "tok_per_s_hi") if c in tp_none.columns]
+    roof = roof.merge(tp_none[["batch_size", "tok_per_s"] + ci], on="batch_size")
     roof["fraction_of_roofline"] = roof["tok_per_s"] / roof["roofline_tok_per_s"]
+    for c in ci:  # the measured throughput's interval, as a fraction of the (computed) roofline
+        roof[c.replace("tok_per_s", "fraction_of_roofline")] = roof[c] / roof["roofline_tok_per_s"]
     return roof

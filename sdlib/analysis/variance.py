@@ -177,13 +177,27 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
 # Within a request: acceptance along the output
 # ---------------------------------------------------------------------------
 
-def position_bins(gains: pd.DataFrame, n_bins: int = 10, split_at: Optional[float] = None) -> pd.DataFrame:
+def _request_ratio(g: pd.DataFrame, keys: list[str], n_boot: int) -> pd.DataFrame:
+    """Per ``keys`` group: a bootstrap interval (over requests, drawn within each run) of the mean of
+    ``gained`` over the group's steps (``value_lo``, ``value_hi``;
+    :func:`sdlib.analysis.intervals.ratio_by_request`)."""
+    from sdlib.analysis.intervals import ratio_by_request
+
+    per = g.assign(_g=g["gained"].astype("float64"), _n=1.0).groupby(
+        keys + ["run_id", "request_id"], dropna=False, observed=True)[["_g", "_n"]].sum().reset_index()
+    ci = ratio_by_request(per, keys, "_g", "_n", strata="run_id", n_boot=n_boot)
+    return ci.drop(columns=["value", "n_requests"])
+
+
+def position_bins(gains: pd.DataFrame, n_bins: int = 10, split_at: Optional[float] = None,
+                  n_boot: int = 0) -> pd.DataFrame:
     """Mean tokens gained per step in ``n_bins`` bins of relative position, short vs long outputs.
 
     Relative position = ``position / output_len`` (in [0, 1)), bin ``b = floor(n_bins *
     rel)``. A request is ``long`` when ``output_len > split_at``; ``split_at=None`` splits
     each (source, model, dataset, method, k, batch_size) group at the median output
-    length of its requests. ``mean_gained`` pools the steps in a bin (a mean over steps).
+    length of its requests. ``mean_gained`` pools the steps in a bin (a mean over steps);
+    ``n_boot`` > 0 adds ``mean_gained_lo``/``mean_gained_hi``, a 95% bootstrap interval over requests.
     """
     g = gains.dropna(subset=["position", "output_len"])
     g = g[g["output_len"] > 0].copy()
@@ -205,6 +219,9 @@ def position_bins(gains: pd.DataFrame, n_bins: int = 10, split_at: Optional[floa
         n_requests=("_request", "nunique"),
         split_at=("split_at", "first"),
     ).reset_index()
+    if n_boot:
+        out = out.merge(_request_ratio(g, keys, n_boot).rename(
+            columns={"value_lo": "mean_gained_lo", "value_hi": "mean_gained_hi"}), on=keys, how="left")
     out["bin_lo"] = out["bin"] / n_bins
     out["bin_hi"] = (out["bin"] + 1) / n_bins
     out["bin_mid"] = (out["bin"] + 0.5) / n_bins
@@ -248,14 +265,15 @@ def percentile_ranges(req_means: pd.DataFrame, lo: float = 5, hi: float = 95,
 # Across datasets: the cheat sheet
 # ---------------------------------------------------------------------------
 
-def cheat_sheet(gains: pd.DataFrame) -> pd.DataFrame:
+def cheat_sheet(gains: pd.DataFrame, n_boot: int = 0) -> pd.DataFrame:
     """Mean acceptance length per (source, model, dataset, method, k, batch_size).
 
     ``mean_acc_len`` = mean of ``gained`` over all verify steps = 1 + accepted / steps:
     the paper's ``1 + accepted / drafts`` when every step drafts (the traces' fixed-k
     chain). Where ``drafted`` is known (our sweeps), ``mean_acc_len_drafts`` = 1 +
     accepted / (steps with ``drafted > 0``), which is vLLM's counter definition (an
-    n-gram step with no match is not a draft); <NA> otherwise.
+    n-gram step with no match is not a draft); <NA> otherwise. ``n_boot`` > 0 adds
+    ``mean_acc_len_lo``/``mean_acc_len_hi``: a 95% bootstrap interval over requests (within each run).
     """
     g = gains.copy()
     g["accepted"] = g["gained"] - 1
@@ -275,6 +293,9 @@ def cheat_sheet(gains: pd.DataFrame) -> pd.DataFrame:
                                                "run_id", "request_id"]].apply(one).reset_index()
     out["n_steps"] = out["n_steps"].astype("int64")
     out["n_requests"] = out["n_requests"].astype("int64")
+    if n_boot:
+        out = out.merge(_request_ratio(g, GROUP_KEYS, n_boot).rename(
+            columns={"value_lo": "mean_acc_len_lo", "value_hi": "mean_acc_len_hi"}), on=GROUP_KEYS, how="left")
     return out
 
 
@@ -310,14 +331,17 @@ def _match_keys(df: pd.DataFrame) -> list[str]:
 
 
 def greedy_drift(runs: pd.DataFrame, requests: pd.DataFrame,
-                 ref_batch_size: Optional[int] = None) -> pd.DataFrame:
+                 ref_batch_size: Optional[int] = None, n_boot: int = 2000) -> pd.DataFrame:
     """No-SD runs: mean output length per batch size, and how many outputs differ from the reference batch size.
 
     A request at batch size B is compared, token for token, with the first request of
     the same (model, dataset[, batch_mode], prompt_index) at ``ref_batch_size`` (default:
     the smallest batch size present, normally 1). Request ids differ between runs, so
-    matching is on ``prompt_index``. ``frac_differ`` = differing / compared.
+    matching is on ``prompt_index``. ``frac_differ`` = differing / compared, with its Wilson interval
+    (``frac_differ_lo/hi``); ``mean_output_tokens_lo/hi``: a bootstrap interval over requests.
     """
+    from sdlib.analysis.intervals import ratio_by_request, wilson
+
     df = _requests_with_runs(runs, requests)
     df = df[df["method"] == "none"]
     cols = _match_keys(df) + ["batch_size", "n_requests", "mean_output_tokens", "n_compared", "frac_differ"]
@@ -340,13 +364,19 @@ def greedy_drift(runs: pd.DataFrame, requests: pd.DataFrame,
             n_differ=("differs", lambda s: float(np.nansum(s.astype("float64")))),
         ).reset_index()
         agg["frac_differ"] = agg["n_differ"] / agg["n_compared"].where(agg["n_compared"] > 0)
+        agg["frac_differ_lo"], agg["frac_differ_hi"] = wilson(agg["n_differ"], agg["n_compared"])
+        ci = ratio_by_request(m.assign(_one=1.0, _out=m["output_tokens"].astype("float64")), ["batch_size"],
+                              "_out", "_one", strata="run_id", n_boot=n_boot)
+        agg = agg.merge(ci.rename(columns={"value_lo": "mean_output_tokens_lo", "value_hi": "mean_output_tokens_hi"})
+                        [["batch_size", "mean_output_tokens_lo", "mean_output_tokens_hi"]], on="batch_size", how="left")
         agg["ref_batch_size"] = ref_bs
         for c, v in zip(mk, key if isinstance(key, tuple) else (key,)):
             agg[c] = v
         parts.append(agg)
     out = pd.concat(parts, ignore_index=True)
     out["mean_output_tokens"] = out["mean_output_tokens"].astype("float64")
-    return out[cols[:-2] + ["n_compared", "n_differ", "frac_differ", "ref_batch_size"]]
+    return out[cols[:-2] + ["mean_output_tokens_lo", "mean_output_tokens_hi", "n_compared", "n_differ", "frac_differ",
+                            "frac_differ_lo", "frac_differ_hi", "ref_batch_size"]]
 
 
 def lossless_check(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
@@ -354,8 +384,11 @@ def lossless_check(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
 
     Each SD request is matched with the first no-SD request of the same (model, dataset
     [, batch_mode], batch_size, prompt_index). Greedy SD is lossless in exact arithmetic;
-    differences come from batch-shape-dependent kernels, as in greedy drift.
+    differences come from batch-shape-dependent kernels, as in greedy drift. ``frac_identical_lo/hi``:
+    its Wilson interval.
     """
+    from sdlib.analysis.intervals import wilson
+
     df = _requests_with_runs(runs, requests)
     mk = _match_keys(df) + ["batch_size"]
     cols = mk + ["method", "method_label", "n_requests", "n_compared", "n_identical", "frac_identical"]
@@ -372,7 +405,8 @@ def lossless_check(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
         n_identical=("identical", lambda s: float(np.nansum(s.astype("float64")))),
     ).reset_index()
     out["frac_identical"] = out["n_identical"] / out["n_compared"].where(out["n_compared"] > 0)
-    return out[cols]
+    out["frac_identical_lo"], out["frac_identical_hi"] = wilson(out["n_identical"], out["n_compared"])
+    return out[cols + ["frac_identical_lo", "frac_identical_hi"]]
 
 
 def existing_dirs(dirs: Iterable[str | Path], tables: Sequence[str] = ("steps", "runs")) -> list[Path]:

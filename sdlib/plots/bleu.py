@@ -14,19 +14,20 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.analysis.bleu import bleu_bins
+from sdlib.analysis.bleu import MIN_BIN_REQUESTS, bleu_bins
 from sdlib.plots.breakdown import METHOD_ORDER
 from sdlib.plots.style import new_figure
 
 
 def bleu_bin_panel(ax, b: pd.DataFrame, labels: list[str], main: str, other: Optional[str], ref_label: str,
-                   width: float = 0.2) -> None:
+                   width: float = 0.2, min_requests: int = MIN_BIN_REQUESTS) -> None:
     """One panel of notebook 04: relative throughput of each ``labels`` row vs ``ref_label`` per BLEU-4 bin.
 
     ``b``: rows of :func:`sdlib.analysis.bleu.binned_relative_speedup` (``label, convention, bin,
-    relative_speedup, num_requests``) for one dataset. Bars: convention ``main``, with their value
-    written on them; black markers: convention ``other`` (None: none drawn). Under each bin: its
-    number of requests.
+    relative_speedup, num_requests``, and ``relative_speedup_lo/hi`` when known) for one dataset. Bars:
+    convention ``main``, with their value written on them and their interval as an error bar; bins with
+    fewer than ``min_requests`` requests drawn pale; black markers: convention ``other`` (None: none
+    drawn). Under each bin: its number of requests.
     """
     cats = list(bleu_bins([0.0], width).categories)
     x = np.arange(len(cats))
@@ -34,16 +35,25 @@ def bleu_bin_panel(ax, b: pd.DataFrame, labels: list[str], main: str, other: Opt
     for j, lab in enumerate(labels):
         s = b[(b.label == lab) & (b.convention == main)].set_index("bin").reindex(cats)
         xs = x - 0.4 + w * (j + 0.5)
-        ax.bar(xs, 100 * s.relative_speedup.astype(float).to_numpy(), w, color=f"C{j + 1}", label=f"{lab} ({main})")
+        v = 100 * s.relative_speedup.astype(float).to_numpy()
+        few = (s.num_requests.fillna(0).to_numpy(float) < min_requests)
+        bars = ax.bar(xs, v, w, color=f"C{j + 1}", label=f"{lab} ({main})")
+        for bar, f in zip(bars, few):
+            if f:
+                bar.set_alpha(0.3)
+        if "relative_speedup_lo" in s.columns:
+            lo, hi = (100 * s[c].astype(float).to_numpy() for c in ("relative_speedup_lo", "relative_speedup_hi"))
+            ok = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(v)
+            ax.errorbar(xs[ok], v[ok], yerr=np.vstack([v[ok] - lo[ok], hi[ok] - v[ok]]), fmt="none", ecolor="#333333",
+                        elinewidth=1, capsize=2)
         if other is not None:
             o = b[(b.label == lab) & (b.convention == other)].set_index("bin").reindex(cats)
             ax.plot(xs, 100 * o.relative_speedup.astype(float).to_numpy(), "k_", ms=12, mew=2,
                     label=f"{other} convention" if j == 0 else None)
-        for xi, v in zip(xs, s.relative_speedup):
-            if pd.notna(v):
-                y = 100 * float(v)
+        for xi, y, f in zip(xs, v, few):
+            if np.isfinite(y):
                 ax.text(xi, y + (3 if y >= 0 else -3), f"{y:+.0f}%", ha="center", va="bottom" if y >= 0 else "top",
-                        fontsize=7)
+                        fontsize=7, alpha=0.4 if f else 1.0)
     n = b[b.label == labels[0]].drop_duplicates("bin").set_index("bin").reindex(cats).num_requests
     ax.set_xticks(x, [f"{c}\nn={int(v) if pd.notna(v) else 0}" for c, v in zip(cats, n)], fontsize=8)
     ax.axhline(0, color="k", lw=0.8)
@@ -103,17 +113,23 @@ def plot_bins_all(bins: pd.DataFrame, datasets: Sequence[str], labels: list[str]
     return fig
 
 
-def plot_measured(mb: pd.DataFrame, ref_label: str, title: str):
-    """Measured throughput relative to ``ref_label`` (%) per BLEU bin, a line per label
-    (``mb``: :func:`sdlib.analysis.bleu.measured_relative_speedup`)."""
-    fig, axes = new_figure(1, 1, width=7.5, height=4.5)
-    ax = axes[0][0]
-    for i, (lab, g) in enumerate(mb.groupby("label")):
-        ax.plot(g.bin.astype(str), 100 * g.relative_speedup, "o-", color=f"C{i + 1}", label=lab)
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set(xlabel="prompt/output BLEU-4 bin", ylabel=f"throughput vs {ref_label} (%)")
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
+def plot_measured(mb: pd.DataFrame, ref_label: str, title: str, width: float = 0.2,
+                  xlabel: str = "prompt/output BLEU-4 bin"):
+    """Measured throughput of each n-gram label relative to ``ref_label`` (%) per BLEU bin, one panel per
+    dataset (:func:`bleu_bin_panel`: intervals as error bars, pale bins with few requests, n per bin).
+    ``mb``: :func:`sdlib.analysis.bleu.measured_relative_speedup`."""
+    datasets = sorted(mb.dataset.unique())
+    labels = sorted(mb.label.unique())
+    fig, axes = new_figure(1, len(datasets), width=4.4, height=4.2, sharey=True)
+    d = mb.assign(convention="measured")
+    for ax, ds in zip(axes[0], datasets):
+        bleu_bin_panel(ax, d[d.dataset == ds], labels, "measured", None, ref_label, width=width)
+        ax.set_title(ds, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=9)
+        if ds != datasets[0]:
+            ax.set_ylabel("")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=9)
     return fig
 
 

@@ -20,9 +20,13 @@ from sdlib.plots.style import new_figure
 from sdlib.sim.bounds import SINGLE_PROPOSERS
 
 
-def sim_title(cm, what: str) -> str:
-    """``<what>`` + a line saying the figure is simulated: whose traces, which cost model."""
-    return f"{what}\nsimulated: authors' traces (Llama-3.1-8B, H100) + {cm.name}"
+def sim_title(cm, what: str, traces: str = "authors' traces (Llama-3.1-8B, H100)") -> str:
+    """``<what>`` + a line saying the figure is simulated: whose traces, which cost model; for a fitted
+    cost model a third line with its fit over all steps (:func:`sdlib.sim.costmodel.fit_summary`)."""
+    from sdlib.sim.costmodel import fit_summary
+
+    fit = f"\n{cm.name} fit: {fit_summary(cm.meta)}" if "r2_all" in (cm.meta or {}) else ""
+    return f"{what}\nsimulated: {traces} + {cm.name}{fit}"
 
 
 def _line_style(conventions: Sequence[str], main: str) -> dict:

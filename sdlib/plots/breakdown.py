@@ -28,7 +28,9 @@ def plot_phase_shares(pooled: pd.DataFrame, title: str, row: str = "model", col:
                       annotate_min: float = 0.06):
     """Stacked bars of phase shares (paper Fig. 4 form): a panel per ``col`` value (method), a row
     per ``row`` value (model; a list of columns joins them), one bar per batch size; shares >=
-    ``annotate_min`` are written on the bar and the mean step time (ms) under each bar."""
+    ``annotate_min`` are written on the bar and the mean step time (ms) under each bar. With
+    ``share_verify_lo/hi`` columns (:func:`sdlib.analysis.breakdown.share_intervals`), a whisker at the top
+    of the verify segment shows the verify share's interval."""
     d = pooled.copy()
     if isinstance(row, (list, tuple)):  # several columns -> one row label "a / b"
         cols_ = [c for c in row if c in d.columns]
@@ -54,6 +56,12 @@ def plot_phase_shares(pooled: pd.DataFrame, title: str, row: str = "model", col:
                     if h >= annotate_min:
                         ax.text(xi, b + h / 2, f"{100 * h:.0f}%", ha="center", va="center", fontsize=8,
                                 color="white" if ph in ("verify", "sample") else "black")
+                if ph == "verify" and "share_verify_lo" in s.columns:  # the verify share's interval
+                    lo, hi = s["share_verify_lo"].to_numpy(float), s["share_verify_hi"].to_numpy(float)
+                    ok = np.isfinite(lo) & np.isfinite(hi)
+                    top = bottom + v  # the verify segment's top, where its share ends
+                    ax.errorbar(x[ok], top[ok], yerr=np.vstack([v[ok] - lo[ok], hi[ok] - v[ok]]), fmt="none",
+                                ecolor="black", elinewidth=1, capsize=3)
                 bottom += v
             labels = [f"{int(b)}\n{ms:.0f} ms" if np.isfinite(ms) else f"{int(b)}"
                       for b, ms in zip(s["batch_size"], s["step_ms"].astype(float))]

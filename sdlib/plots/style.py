@@ -1,16 +1,23 @@
 """One helper that saves every figure: PNG (for the README) and SVG, fixed style.
 
+Where figures go: ``set_figures_dir(path)`` (a notebook's ``FIGURES_DIR`` parameter), else the
+environment variable ``SDLIB_FIGURES_DIR`` (the tests set it to a temporary folder), else the
+repository's ``figures/``. Only ``make notebooks`` / ``make figures`` write ``figures/``.
+
 Usage:
-    from sdlib.plots.style import new_figure, save_figure
+    from sdlib.plots.style import new_figure, save_figure, set_figures_dir
+    set_figures_dir(None)                              # figures/ (or $SDLIB_FIGURES_DIR)
     fig, ax = new_figure()
-    ax.plot([1, 2], [3, 4])
-    save_figure(fig, "01_throughput_sweep", "speedup")  # figures/01_throughput_sweep__speedup.{png,svg}
+    ax[0][0].plot([1, 2], [3, 4])
+    save_figure(fig, "01_throughput_sweep", "speedup")  # <figures dir>/01_throughput_sweep__speedup.{png,svg}
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -18,11 +25,32 @@ matplotlib.use("Agg") if matplotlib.get_backend().lower() in {"", "agg"} else No
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from sdlib.paths import FIGURES_DIR  # noqa: E402
+from sdlib.paths import FIGURES_DIR, resolve  # noqa: E402
 
 STYLE = {"context": "paper", "style": "whitegrid", "font_scale": 1.2}
 DPI = 150
 FORMATS = ("png", "svg")
+#: Float format of every CSV written beside a figure.
+FLOAT_FORMAT = "%.10g"
+#: Environment variable naming the figures folder when no notebook parameter sets it.
+FIGURES_ENV = "SDLIB_FIGURES_DIR"
+_figures_dir: Optional[Path] = None
+
+
+def set_figures_dir(path: Optional[str | os.PathLike[str]]) -> Path:
+    """Send every later figure and table to ``path`` (relative: to the repo root); None: the default
+    (``$SDLIB_FIGURES_DIR``, else ``figures/``). Returns the folder now in use."""
+    global _figures_dir
+    _figures_dir = resolve(path) if path is not None else None
+    return figures_dir()
+
+
+def figures_dir() -> Path:
+    """The folder figures and tables are written to (see the module docstring)."""
+    if _figures_dir is not None:
+        return _figures_dir
+    env = os.environ.get(FIGURES_ENV)
+    return resolve(env) if env else FIGURES_DIR
 
 
 def set_style() -> None:
@@ -45,8 +73,8 @@ def figure_name(notebook: str, what: str, **params) -> str:
 
 
 def save_figure(fig, notebook: str, what: str, out_dir: Path | None = None, close: bool = True, **params) -> list[Path]:
-    """Save ``fig`` as PNG and SVG under ``figures/`` (or ``out_dir``); return the paths."""
-    out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    """Save ``fig`` as PNG and SVG under :func:`figures_dir` (or ``out_dir``); return the paths."""
+    out = Path(out_dir) if out_dir is not None else figures_dir()
     out.mkdir(parents=True, exist_ok=True)
     name = figure_name(notebook, what, **params)
     fig.tight_layout()
@@ -61,9 +89,10 @@ def save_figure(fig, notebook: str, what: str, out_dir: Path | None = None, clos
 
 
 def save_table(df, notebook: str, what: str, out_dir: Path | None = None, **params) -> Path:
-    """Write the small table that backs a figure's quoted numbers, next to the figure (CSV)."""
-    out = Path(out_dir) if out_dir is not None else FIGURES_DIR
+    """Write the small table that backs a figure's quoted numbers, next to the figure (CSV). Floats keep
+    10 significant digits, so that reruns on another machine (other BLAS, numpy) give the same file."""
+    out = Path(out_dir) if out_dir is not None else figures_dir()
     out.mkdir(parents=True, exist_ok=True)
     p = out / f"{figure_name(notebook, what, **params)}.csv"
-    df.to_csv(p, index=False)
+    df.to_csv(p, index=False, float_format=FLOAT_FORMAT)
     return p

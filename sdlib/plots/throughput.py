@@ -20,8 +20,22 @@ def _facets(df: pd.DataFrame, col: str) -> list:
     return sorted(df[col].dropna().unique().tolist())
 
 
+def _dodge(i: int, n: int, spread: float = 0.06) -> float:
+    """Multiplicative x offset of series ``i`` of ``n`` on a log axis, so error bars do not overlap."""
+    return float(2 ** (spread * (i - (n - 1) / 2)))
+
+
+def _yerr(d: pd.DataFrame, value: str, lo: str, hi: str) -> Optional[np.ndarray]:
+    """Asymmetric error bars from interval columns (None when the table has none; NaN -> no bar)."""
+    if lo not in d.columns or hi not in d.columns:
+        return None
+    v = d[value].to_numpy(float)
+    return np.vstack([np.nan_to_num(v - d[lo].to_numpy(float)), np.nan_to_num(d[hi].to_numpy(float) - v)])
+
+
 def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame] = None):
-    """Speedup over no-SD vs batch size, one panel per dataset, one line per method (paper Fig. 1 form).
+    """Speedup over no-SD vs batch size, one panel per dataset, one line per method (paper Fig. 1 form),
+    with the interval of each point as an error bar (``speedup_lo``/``speedup_hi``, when present).
 
     ``reference``: optional rows (dataset, method_label, batch_size, speedup, source) drawn dashed
     and labelled as cited, never as ours.
@@ -30,56 +44,74 @@ def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame]
     datasets = _facets(d, "dataset")
     fig, axes = new_figure(1, max(len(datasets), 1), width=4.8, height=3.8, sharey=True)
     methods = _facets(d, "method_label")
-    colors = dict(zip(methods, ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7"]))
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     for ax, ds in zip(axes[0], datasets or [None]):
         sub = d[d["dataset"] == ds]
-        for m in methods:
+        for i, m in enumerate(methods):
             s = sub[sub["method_label"] == m].sort_values("batch_size")
             if len(s):
-                ax.plot(s["batch_size"], s["speedup"], "o-", color=colors[m], label=m)
+                ax.errorbar(s["batch_size"] * _dodge(i, len(methods)), s["speedup"],
+                            yerr=_yerr(s, "speedup", "speedup_lo", "speedup_hi"), fmt="o-", color=colors[m],
+                            label=m, capsize=2, lw=1.2, ms=4)
         if reference is not None and len(reference):
             r = reference[reference["dataset"] == ds]
             for (m, src), s in r.groupby(["method_label", "source"]):
                 ax.plot(s["batch_size"], s["speedup"], "s--", alpha=0.6, label=f"{m} ({src})")
         ax.axhline(1.0, color="grey", lw=1, ls=":")
         ax.set_xscale("log", base=2)
+        bss = sorted(sub["batch_size"].unique())
+        ax.set_xticks(bss, [str(b) for b in bss])
+        ax.minorticks_off()
         ax.set_xlabel("batch size")
         ax.set_title(str(ds))
     axes[0][0].set_ylabel("speedup over no SD (×)")
     axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
 def plot_throughput(tp: pd.DataFrame, title: str):
-    """Output tokens/s vs batch size, one panel per dataset, one line per method (no SD included)."""
+    """Output tokens/s vs batch size, one panel per dataset, one line per method (no SD included), with
+    each point's interval (``tok_per_s_lo``/``tok_per_s_hi``) as an error bar."""
     datasets = _facets(tp, "dataset")
     fig, axes = new_figure(1, max(len(datasets), 1), width=4.8, height=3.8, sharey=True)
+    methods = _facets(tp, "method_label")
     for ax, ds in zip(axes[0], datasets or [None]):
         sub = tp[tp["dataset"] == ds]
-        for m, s in sub.groupby("method_label"):
-            s = s.sort_values("batch_size")
-            ax.errorbar(s["batch_size"], s["tok_per_s"], yerr=s["tok_per_s_std"].fillna(0), fmt="o-", label=m,
-                        capsize=2)
+        for i, m in enumerate(methods):
+            s = sub[sub["method_label"] == m].sort_values("batch_size")
+            if len(s):
+                ax.errorbar(s["batch_size"] * _dodge(i, len(methods)), s["tok_per_s"],
+                            yerr=_yerr(s, "tok_per_s", "tok_per_s_lo", "tok_per_s_hi"), fmt="o-",
+                            color=f"C{i % 10}", label=m, capsize=2, lw=1.2, ms=4)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        bss = sorted(sub["batch_size"].unique())
+        ax.set_xticks(bss, [str(b) for b in bss])
+        ax.minorticks_off()
         ax.set_xlabel("batch size")
         ax.set_title(str(ds))
     axes[0][0].set_ylabel("output tokens/s")
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
 def plot_acceptance_table(acc: pd.DataFrame, title: str, value: str = "mean_acceptance_length"):
-    """Heatmap of mean acceptance length, method x workload (the paper's cheat-sheet form)."""
+    """Heatmap of mean acceptance length, method x workload (the paper's cheat-sheet form), each cell with
+    its interval when ``acc`` has ``<value>_lo``/``<value>_hi``
+    (:func:`sdlib.analysis.intervals.acceptance_intervals`)."""
     import seaborn as sns
 
-    piv = acc.pivot_table(index="method_label", columns="dataset", values=value, aggfunc="mean")
-    fig, axes = new_figure(1, 1, width=1.6 + 1.4 * max(piv.shape[1], 1), height=1.2 + 0.5 * max(piv.shape[0], 1))
+    piv = acc.pivot_table(index="method_label", columns="dataset", values=value, aggfunc="first")
+    fig, axes = new_figure(1, 1, width=2.6 + 1.5 * max(piv.shape[1], 1), height=1.6 + 0.6 * max(piv.shape[0], 1))
     ax = axes[0][0]
     if piv.size and np.isfinite(piv.to_numpy(dtype=float)).any():
-        sns.heatmap(piv, annot=True, fmt=".2f", cmap="viridis", ax=ax, cbar_kws={"label": value})
+        lo, hi = (acc.pivot_table(index="method_label", columns="dataset", values=f"{value}_{x}", aggfunc="first")
+                  .reindex(index=piv.index, columns=piv.columns) if f"{value}_{x}" in acc.columns else piv * np.nan
+                  for x in ("lo", "hi"))
+        sns.heatmap(piv, annot=surface_annotations(piv, lo, hi), fmt="", annot_kws={"fontsize": 8}, cmap="viridis",
+                    ax=ax, cbar_kws={"label": value})
     ax.set_xlabel("workload")
     ax.set_ylabel("method")
     ax.set_title(title, fontsize=9)
@@ -98,7 +130,8 @@ def plot_roofline(tp_none: pd.DataFrame, roof: pd.DataFrame, title: str):
     ax = axes[0][0]
     for ds, s in tp_none.groupby("dataset"):
         s = s.sort_values("batch_size")
-        ax.plot(s["batch_size"], s["tok_per_s"], "o-", label=f"measured, no SD ({ds})")
+        ax.errorbar(s["batch_size"], s["tok_per_s"], yerr=_yerr(s, "tok_per_s", "tok_per_s_lo", "tok_per_s_hi"),
+                    fmt="o-", capsize=2, label=f"measured, no SD ({ds})")
     ax.plot(roof["batch_size"], roof["memory_bound_tok_per_s"], "--", color="grey", label="memory-bound bound")
     ax.plot(roof["batch_size"], roof["compute_bound_tok_per_s"], ":", color="black", label="compute-bound bound")
     ax.set_xscale("log", base=2)
@@ -110,20 +143,42 @@ def plot_roofline(tp_none: pd.DataFrame, roof: pd.DataFrame, title: str):
     return fig
 
 
-def plot_speedup_surface(sp: pd.DataFrame, title: str):
-    """Heatmap of measured speedup, method (rows) x batch size (columns); below 1 shows red."""
+def surface_annotations(piv: pd.DataFrame, lo: pd.DataFrame, hi: pd.DataFrame) -> np.ndarray:
+    """Cell texts of the speedup surface: ``1.14`` over ``[1.05, 1.22]`` (the value alone without an interval)."""
+    out = np.empty(piv.shape, dtype=object)
+    for i in range(piv.shape[0]):
+        for j in range(piv.shape[1]):
+            v, a, b = piv.iat[i, j], lo.iat[i, j], hi.iat[i, j]
+            out[i, j] = "" if pd.isna(v) else (f"{v:.2f}" if pd.isna(a) or pd.isna(b) else f"{v:.2f}\n[{a:.2f}, {b:.2f}]")
+    return out
+
+
+def plot_speedup_surface(sp: pd.DataFrame, title: str, method_axis: str = "method"):
+    """Heatmaps of measured speedup, method (rows) x batch size (columns), one panel per dataset (nothing
+    averaged over datasets); each cell gives the speedup and its interval; below 1 shows red.
+    ``method_axis``: the method axis label (:func:`sdlib.plots.titles.method_axis_label`)."""
     import seaborn as sns
 
     d = sp[sp["method"] != "none"]
-    piv = d.pivot_table(index="method_label", columns="batch_size", values="speedup", aggfunc="mean")
-    # room for the 3-line title, the colour bar and the method labels even with one or two rows
-    fig, axes = new_figure(1, 1, width=max(6.5, 2.5 + 0.8 * max(piv.shape[1], 1)),
-                           height=max(3.2, 1.6 + 0.45 * max(piv.shape[0], 1)))
-    ax = axes[0][0]
-    if piv.size:
-        sns.heatmap(piv, annot=True, fmt=".2f", cmap="RdYlGn", center=1.0, ax=ax,
-                    cbar_kws={"label": "speedup over no SD (×)"})
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("method (k, synthetic L)" if piv.shape[0] < 3 else "method (k, synthetic acceptance L)")
-    ax.set_title(title, fontsize=9)
+    datasets = _facets(d, "dataset") or [None]
+    n_bs = max(d["batch_size"].nunique(), 1)
+    n_m = max(d["method_label"].nunique(), 1)
+    fig, axes = new_figure(1, len(datasets), width=max(4.6, 1.6 + 0.95 * n_bs), height=max(3.4, 1.9 + 0.5 * n_m),
+                           sharey=True)
+    vals = d["speedup"].astype(float)
+    span = max(abs(vals.max() - 1.0), abs(1.0 - vals.min()), 0.05) if len(vals) else 1.0
+    for k, (ax, ds) in enumerate(zip(axes[0], datasets)):
+        sub = d[d["dataset"] == ds] if ds is not None else d
+        piv = sub.pivot_table(index="method_label", columns="batch_size", values="speedup", aggfunc="first")
+        if piv.size:
+            cols = {c: sub.pivot_table(index="method_label", columns="batch_size", values=c, aggfunc="first")
+                    .reindex(index=piv.index, columns=piv.columns) if c in sub.columns else piv * np.nan
+                    for c in ("speedup_lo", "speedup_hi")}
+            sns.heatmap(piv, annot=surface_annotations(piv, cols["speedup_lo"], cols["speedup_hi"]), fmt="",
+                        annot_kws={"fontsize": 7}, cmap="RdYlGn", vmin=1 - span, vmax=1 + span, ax=ax,
+                        cbar=k == len(datasets) - 1, cbar_kws={"label": "speedup over no SD (×)"})
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(method_axis if k == 0 else "")
+        ax.set_title(str(ds) if ds is not None else "", fontsize=10)
+    fig.suptitle(title, fontsize=9)
     return fig

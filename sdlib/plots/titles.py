@@ -10,6 +10,7 @@ Usage:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,8 +22,10 @@ from sdlib.store import SweepStore
 
 
 def model_note(card: dict[str, Any]) -> str:
-    """A short phrase for a model card: what the weights are."""
+    """A short phrase for a model card: what the weights are (trained / random / dummy of a real shape)."""
     if card.get("random_weights"):
+        if card.get("kind") == "shape" or "dummy" in str(card.get("note", "")):
+            return "dummy weights of the real shape"
         return "random weights"
     if card.get("trained"):
         n = card.get("params")
@@ -37,31 +40,118 @@ def _notes(cards: dict[str, Any], targets: list[str]) -> list[str]:
     if drafters and all(c.get("trained") for c in drafters):
         notes.append("trained drafters")
     elif any(c.get("random_weights") for c in drafters):
-        notes.append("random weights")
+        notes.append(model_note(next(c for c in drafters if c.get("random_weights"))))
     return [n for n in dict.fromkeys(notes) if n]
 
 
-def sweep_title(store, what: str = "") -> str:
-    """``<what> — <sweep>: <models> (random weights …), <device>, vLLM <version>``, from provenance."""
+def method_acceptance(method: dict[str, Any]) -> str:
+    """Where a method's acceptance comes from, from its config entry: ``real`` (the drafter's own
+    proposals verified by the target), ``synthetic L=<x>`` (vLLM's ``rejection_sample_method=synthetic``:
+    drafts accepted at random with mean acceptance length L), ``replayed (<policy>)`` (sdlib.vllm.replay:
+    acceptance prescribed by traces), or ``none`` (no SD)."""
+    if method.get("name") == "none":
+        return "none"
+    opts = method.get("options") or {}
+    if opts.get("rejection_sample_method") == "synthetic":
+        L = opts.get("synthetic_acceptance_length")
+        return f"synthetic L={L:g}" if isinstance(L, (int, float)) else "synthetic"
+    if method.get("replay"):
+        return f"replayed ({method['replay']})"
+    return "real"
+
+
+def acceptance_summary(methods: list[dict[str, Any]]) -> str:
+    """One phrase for a sweep's acceptance: ``acceptance real (trained drafters verified by the target)``,
+    ``synthetic acceptance, L = 1.5, 2.5, 3.5 (vLLM rejection_sample_method=synthetic)``, ``acceptance
+    replayed from traces (fixed, oracle, combine)``, or a join of those for a mix."""
+    kinds = [method_acceptance(m) for m in methods if m.get("name") != "none"]
+    parts = []
+    if "real" in kinds:
+        parts.append("real acceptance (the drafters' own proposals)")
+    syn = sorted({k.split("=", 1)[1] for k in kinds if k.startswith("synthetic L=")}, key=float)
+    if syn or "synthetic" in kinds:
+        parts.append("synthetic acceptance" + (f", L = {', '.join(syn)}" if syn else "")
+                     + " (vLLM rejection_sample_method=synthetic)")
+    rep = list(dict.fromkeys(k[len("replayed ("):-1] for k in kinds if k.startswith("replayed (")))
+    if rep:
+        parts.append(f"acceptance replayed from the authors' traces ({', '.join(rep)})")
+    return "; ".join(parts) or "no SD method"
+
+
+@dataclass
+class SweepFacts:
+    """What a sweep's provenance says about where its numbers come from (for titles and axis labels)."""
+
+    name: str
+    models: list[str]
+    weights: list[str]  # model_note phrases: target, then drafters
+    acceptance: str  # acceptance_summary
+    acceptance_by_label: dict[str, str]  # method label -> method_acceptance
+    device: str
+    vllm: str
+    batch_mode: str
+    repeats: int
+
+    def machine(self) -> str:
+        """``<device>, vLLM <version>``."""
+        return ", ".join(x for x in [self.device.replace("CPU: ", "CPU ") if self.device else "",
+                                      f"vLLM {self.vllm}" if self.vllm else ""] if x)
+
+    def all_synthetic(self) -> bool:
+        kinds = [v for v in self.acceptance_by_label.values() if v != "none"]
+        return bool(kinds) and all(v.startswith("synthetic") for v in kinds)
+
+
+def sweep_facts(store) -> SweepFacts:
+    """:class:`SweepFacts` from a sweep folder's ``provenance.json`` (config, engines, model cards)."""
     store = store if isinstance(store, SweepStore) else SweepStore(store)
     prov = store.read_provenance()
-    invs = prov.get("invocations", [])
+    cfg = prov.get("config", {})
     cards: dict[str, Any] = {}
     engines: list[dict] = []
-    for inv in invs:
+    for inv in prov.get("invocations", []):
         cards.update(inv.get("models", {}))
         engines += inv.get("engines", [])
-    models = [m.get("name") for m in prov.get("config", {}).get("models", [])]
-    notes = _notes(cards, [m for m in models if m])
-    device = next((e.get("device") for e in reversed(engines) if e.get("device")), "")
-    ver = next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), "")
-    synthetic = any("synthetic" in str(m.get("options", {})) for m in prov.get("config", {}).get("methods", []))
-    parts = [f"{prov.get('sweep', store.dir.name)}: {', '.join(m for m in models if m)}"]
-    if notes or synthetic:
-        parts.append("(" + ", ".join(notes + (["synthetic acceptance"] if synthetic else [])) + ")")
-    tail = ", ".join(x for x in [device.replace("CPU: ", "CPU ") if device else "", f"vLLM {ver}" if ver else ""] if x)
-    title = " ".join(parts) + (f"\n{tail}" if tail else "")
+    models = [m.get("name") for m in cfg.get("models", []) if m.get("name")]
+    methods = cfg.get("methods", [])
+    return SweepFacts(
+        name=prov.get("sweep", store.dir.name), models=models, weights=_notes(cards, models),
+        acceptance=acceptance_summary(methods),
+        acceptance_by_label={m.get("label") or m.get("name"): method_acceptance(m) for m in methods},
+        device=_devices(next((e.get("device") for e in reversed(engines) if e.get("device")), ""),
+                        max([int(m.get("tensor_parallel_size") or 1) for m in cfg.get("models", [])] or [1])),
+        vllm=next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), ""),
+        batch_mode=str(cfg.get("batch_mode", "")), repeats=int(cfg.get("repeats", 1) or 1))
+
+
+def _devices(device: str, tp: int) -> str:
+    """``2x NVIDIA H200 (tensor parallel 2)`` for a model split over ``tp`` devices; ``device`` alone otherwise."""
+    return f"{tp}x {device} (tensor parallel {tp})" if device and tp > 1 else device
+
+
+def sweep_title(store, what: str = "", averaged: str = "") -> str:
+    """Three lines from provenance: ``<what>``; ``<sweep>: <models> (<weights>); <acceptance>``;
+    ``<device>, vLLM <version>[; <averaged>]`` (``averaged``: what each plotted number pools or
+    resamples, e.g. an interval note)."""
+    store = store if isinstance(store, SweepStore) else SweepStore(store)
+    f = sweep_facts(store)
+    head = f"{f.name}: {', '.join(f.models)}" + (f" ({', '.join(f.weights)})" if f.weights else "")
+    title = f"{head}; {f.acceptance}"
+    tail = "; ".join(x for x in [f.machine(), averaged] if x)
+    title += f"\n{tail}" if tail else ""
     return f"{what}\n{title}" if what else title
+
+
+def method_axis_label(facts: SweepFacts) -> str:
+    """Axis label for a method axis: says what the labels' suffixes mean (synthetic L, replay policy)."""
+    kinds = {v.split(" ")[0] for v in facts.acceptance_by_label.values() if v != "none"}
+    if kinds == {"synthetic"}:
+        return "method (k, synthetic acceptance L)"
+    if kinds == {"replayed"}:
+        return "method (k, replay policy; acceptance from traces)"
+    if kinds == {"real"}:
+        return "method (k; real acceptance)"
+    return "method (k; " + ", ".join(sorted(kinds)) + " acceptance)"
 
 
 def _find_key(obj, key: str):

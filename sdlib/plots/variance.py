@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -115,15 +116,22 @@ def series_label(df: pd.DataFrame) -> pd.Series:
 
 def plot_position_bins(pb: pd.DataFrame, title: str):
     """Mean tokens gained per step along the output, a panel per dataset, a colour per method (k),
-    markers/dashes for short and long outputs. ``pb``: :func:`sdlib.analysis.variance.position_bins`;
-    ``title``: the source's."""
+    markers/dashes for short and long outputs, a band for each curve's interval when ``pb`` has
+    ``mean_gained_lo/hi``. ``pb``: :func:`sdlib.analysis.variance.position_bins`; ``title``: the source's."""
     pb = pb.assign(series=series_label(pb))
     datasets = sorted(pb["dataset"].unique())
+    series = sorted(pb["series"].unique())
+    palette = {s_: f"C{i % 10}" for i, s_ in enumerate(series)}
     fig, axes = new_figure(1, len(datasets), width=4.2, height=3.6, sharey=True)
     for ax, ds in zip(axes[0], datasets):
-        sns.lineplot(data=pb[pb["dataset"] == ds], x="bin_mid", y="mean_gained", hue="series",
+        d = pb[pb["dataset"] == ds]
+        sns.lineplot(data=d, x="bin_mid", y="mean_gained", hue="series", hue_order=series, palette=palette,
                      style="length_class", style_order=["short", "long"], markers=True, ax=ax,
                      legend=ax is axes[0][-1])
+        if "mean_gained_lo" in d.columns:  # 95% interval over requests, a band per curve
+            for (ser, _), c in d.sort_values("bin_mid").groupby(["series", "length_class"]):
+                ax.fill_between(c["bin_mid"], c["mean_gained_lo"].astype(float), c["mean_gained_hi"].astype(float),
+                                color=palette[ser], alpha=0.15, lw=0)
         ax.set(title=ds, xlabel="relative position in output", ylabel="mean tokens gained / step", xlim=(0, 1))
     if axes[0][-1].get_legend() is not None:
         sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1.02, 1), title=None, frameon=False)
@@ -145,46 +153,77 @@ def plot_request_boxplot(rm: pd.DataFrame, title: str, whis: tuple[float, float]
     return fig
 
 
-def cheat_sheet_grid(cs: pd.DataFrame) -> pd.DataFrame:
+def cheat_sheet_grid(cs: pd.DataFrame, value: str = "mean_acc_len") -> pd.DataFrame:
     """The cheat sheet (:func:`sdlib.analysis.variance.cheat_sheet`) as a grid: a row per method (k) — and
-    batch size when there are several —, a column per dataset, mean acceptance length in the cells."""
+    batch size when there are several —, a column per dataset, ``value`` (mean acceptance length, or its
+    ``_lo``/``_hi``) in the cells."""
     multi_bs = cs["batch_size"].nunique() > 1
     cs = cs.sort_values(["method", "k", "batch_size"])
     cs["row"] = series_label(cs) + (", bs " + cs["batch_size"].astype(str) if multi_bs else "")
-    return cs.pivot(index="row", columns="dataset", values="mean_acc_len").loc[cs["row"].unique()]
+    return cs.pivot(index="row", columns="dataset", values=value).loc[cs["row"].unique()]
 
 
-def plot_cheat_sheet(grid: pd.DataFrame, title: str):
-    """Heatmap of :func:`cheat_sheet_grid`, annotated, sized to the grid."""
-    fig, axes = new_figure(1, 1, width=1.6 * grid.shape[1] + 2.5, height=0.55 * grid.shape[0] + 1.6)
+def plot_cheat_sheet(grid: pd.DataFrame, title: str, lo: Optional[pd.DataFrame] = None,
+                     hi: Optional[pd.DataFrame] = None):
+    """Heatmap of :func:`cheat_sheet_grid`, annotated, sized to the grid; with ``lo``/``hi`` grids (the
+    interval's ends) each cell shows its interval under the value."""
+    from sdlib.plots.throughput import surface_annotations
+
+    ci = lo is not None and hi is not None
+    fig, axes = new_figure(1, 1, width=(1.9 if ci else 1.6) * grid.shape[1] + 2.5,
+                           height=(0.75 if ci else 0.55) * grid.shape[0] + 1.6)
     ax = axes[0][0]
-    sns.heatmap(grid, annot=True, fmt=".2f", cmap="viridis", vmin=1, cbar_kws={"label": "mean acceptance length"}, ax=ax)
+    annot = surface_annotations(grid, lo.reindex_like(grid), hi.reindex_like(grid)) if ci else True
+    sns.heatmap(grid, annot=annot, fmt="" if ci else ".2f", annot_kws={"fontsize": 8} if ci else None, cmap="viridis",
+                vmin=1, cbar_kws={"label": "mean acceptance length"}, ax=ax)
     ax.set(xlabel=None, ylabel=None, title=f"Mean acceptance length\n{title}")
     ax.tick_params(axis="y", rotation=0)
     return fig
 
 
+def _lines_with_bars(ax, d: pd.DataFrame, y: str, hue: str, style: Optional[str] = None, legend: bool = True) -> None:
+    """A line per ``hue`` (and ``style``) value vs batch size, with ``<y>_lo``/``<y>_hi`` as error bars."""
+    hues = sorted(d[hue].astype(str).unique())
+    styles = sorted(d[style].astype(str).unique()) if style else [None]
+    marks = ["o", "s", "^", "D", "v"]
+    for i, h in enumerate(hues):
+        for j, st in enumerate(styles):
+            s = d[(d[hue].astype(str) == h) & ((d[style].astype(str) == st) if style else True)].sort_values("batch_size")
+            if s.empty:
+                continue
+            v = s[y].astype(float).to_numpy()
+            err = None
+            if f"{y}_lo" in s.columns:
+                err = np.vstack([np.nan_to_num(v - s[f"{y}_lo"].astype(float).to_numpy()),
+                                 np.nan_to_num(s[f"{y}_hi"].astype(float).to_numpy() - v)])
+            ax.errorbar(s["batch_size"], v, yerr=err, color=f"C{i % 10}", marker=marks[j % len(marks)], capsize=2,
+                        ls="-" if j == 0 else "--", label=h if st is None else f"{h}, {st}")
+    if legend:
+        ax.legend(fontsize="small")
+
+
 def plot_greedy_drift(drift: pd.DataFrame, lossless: pd.DataFrame, title: str):
     """Three panels vs batch size: no-SD mean output length, fraction of no-SD outputs that differ from
     the smallest batch size's (:func:`sdlib.analysis.variance.greedy_drift`), and fraction of SD outputs
-    identical to the no-SD one (:func:`sdlib.analysis.variance.lossless_check`); an empty table leaves
+    identical to the no-SD one (:func:`sdlib.analysis.variance.lossless_check`), each with its 95% interval
+    (bootstrap over requests for the length, Wilson for the fractions) as error bars; an empty table leaves
     its panels blank."""
     fig, axes = new_figure(1, 3, width=4.2, height=3.6)
     if not drift.empty:
-        sns.lineplot(data=drift, x="batch_size", y="mean_output_tokens", hue="dataset", marker="o", ax=axes[0][0])
-        sns.lineplot(data=drift, x="batch_size", y="frac_differ", hue="dataset", marker="o", ax=axes[0][1], legend=False)
+        _lines_with_bars(axes[0][0], drift, "mean_output_tokens", "dataset")
+        _lines_with_bars(axes[0][1], drift, "frac_differ", "dataset", legend=False)
         axes[0][0].set(title="no SD: mean output length", ylabel="output tokens")
-        axes[0][0].legend(title=None, fontsize="small")
         axes[0][1].set(title="no SD: output differs from smallest bs", ylabel="fraction of requests", ylim=(-0.02, 1.02))
     if not lossless.empty:
-        sns.lineplot(data=lossless, x="batch_size", y="frac_identical", hue="method_label", style="dataset",
-                     marker="o", ax=axes[0][2])
+        _lines_with_bars(axes[0][2], lossless, "frac_identical", "method_label", style="dataset", legend=False)
+        axes[0][2].legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize="small")
         axes[0][2].set(title="SD output identical to no-SD output", ylabel="fraction of requests", ylim=(-0.02, 1.02))
-        sns.move_legend(axes[0][2], "upper left", bbox_to_anchor=(1.02, 1), title=None, frameon=False)
     bss = sorted(set(drift.get("batch_size", [])) | set(lossless.get("batch_size", [])))
     for ax in axes[0]:
         ax.set_xscale("log", base=2)
         ax.set_xticks(bss, [str(b) for b in bss])
         ax.minorticks_off()
-    fig.suptitle(f"Greedy drift — {title}", y=1.02)
+        ax.set_xlabel("batch size")
+    fig.suptitle(f"Greedy drift — {title}\nerror bars: 95% CI (length: bootstrap over requests; fractions: Wilson)",
+                 y=1.05)
     return fig

@@ -1,0 +1,462 @@
+"""Intervals on measured throughput and speedup: bootstrap within a cell, across repeats, paired for ratios.
+
+What is resampled (one *unit* per row of the resampling):
+
+* ``closed_loop`` cells: a block bootstrap over the steady window's engine steps. The window's
+  steps, in order, are cut into ``n_blocks`` contiguous blocks (block length ~ n^(1/3) steps,
+  :func:`n_blocks`); a replicate draws blocks with replacement and computes tokens / seconds over
+  them. A step's seconds are the time to the next step's start (the last step: its duration), so
+  the whole window gives exactly ``runs.tok_per_s`` (= ``window_output_tokens / window_s``).
+* ``paper`` cells: a bootstrap over batches (one prompt x B copies each); a replicate is the mean
+  over the drawn batches of tokens / batch duration (from the ``requests`` table: first arrival to
+  last finish of the batch), rescaled so that all batches give exactly ``runs.tok_per_s``.
+* Several repeats of a cell: a replicate first draws repeats with replacement, then units within
+  each drawn repeat, and averages the repeats' throughputs (the point estimate is the mean over
+  repeats, as in :func:`sdlib.analysis.measures.throughput_table`).
+
+A speedup (SD tok/s / no-SD tok/s) is resampled *paired*: the same draws are applied to the SD
+cell and its no-SD baseline -- the same blocks by position in the window (block j of each covers
+the same share of the same admission order), or the same prompts in paper mode, and the same
+repeat indices when both have the same repeats. The interval is the percentile interval of the
+replicates (``LEVEL`` = 95%, ``N_BOOT`` replicates, seeded per cell so reruns give the same numbers).
+
+What the interval does *not* hold: with one repeat, run-to-run variation (another engine start,
+another machine state) is not in it; only the cell's own step-to-step (or prompt-to-prompt)
+variation is. :func:`interval_note` says which applies, for figure titles.
+
+Usage:
+    from sdlib.analysis.intervals import sweep_intervals, compare_methods
+    tp, sp = sweep_intervals("data/sweeps/embedded_default")   # + tok_per_s_lo/hi, speedup_lo/hi
+    compare_methods(sp)                                        # which differences the intervals establish
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sdlib.analysis.measures import KEYS, speedup_table, throughput_table
+
+#: Two-sided coverage of every interval.
+LEVEL = 0.95
+#: Bootstrap replicates per cell.
+N_BOOT = 2000
+#: Fewer units than this in a cell: no interval (NaN).
+MIN_UNITS = 2
+#: What a cell's units are, by batch mode (for tables and titles).
+UNIT_NAMES = {"closed_loop": "blocks of steady-window steps", "paper": "batches (prompts)"}
+
+
+@dataclass
+class CellSample:
+    """What one run's throughput is resampled from: per unit, tokens (``num``) and seconds (``den``).
+
+    ``kind``: ``steps`` (closed loop: ratio of sums over blocks of steps, in window order) or
+    ``batches`` (paper: mean of per-batch rates, ``keys`` = prompt index of each batch).
+    ``scale`` makes the full sample reproduce ``runs.tok_per_s`` exactly.
+    """
+
+    kind: str
+    num: np.ndarray
+    den: np.ndarray
+    keys: Optional[np.ndarray] = None
+    scale: float = 1.0
+
+    @property
+    def n(self) -> int:
+        return len(self.num)
+
+
+def n_blocks(n_steps: int) -> int:
+    """Blocks a window of ``n_steps`` steps is cut into: block length ~ n^(1/3) (at least 1 step)."""
+    if n_steps < MIN_UNITS:
+        return 0
+    length = max(1, int(round(n_steps ** (1 / 3))))
+    return max(MIN_UNITS, n_steps // length)
+
+
+def _step_sample(es: pd.DataFrame) -> CellSample:
+    """A closed-loop run's steady-window steps: tokens and seconds to the next step (window order)."""
+    w = es[es["in_window"].fillna(False).astype(bool)].sort_values("engine_step")
+    start = w["start_s"].to_numpy(float)
+    dur = w["duration_s"].to_numpy(float)
+    secs = np.append(np.diff(start), dur[-1:]) if len(w) else np.zeros(0)
+    return CellSample("steps", w["num_new_tokens"].to_numpy(float), secs)
+
+
+def _batch_sample(req: pd.DataFrame, tok_per_s: float) -> CellSample:
+    """A paper-mode run's batches: tokens and duration per batch, keyed by prompt index."""
+    g = req.groupby("batch_index").agg(tok=("output_tokens", "sum"), a=("arrival_s", "min"),
+                                       f=("finish_s", "max"), key=("prompt_index", "first"))
+    num, den = g["tok"].to_numpy(float), (g["f"] - g["a"]).to_numpy(float)
+    ok = den > 0
+    plug = float(np.mean(num[ok] / den[ok])) if ok.any() else np.nan
+    scale = tok_per_s / plug if np.isfinite(plug) and plug > 0 and np.isfinite(tok_per_s) else 1.0
+    return CellSample("batches", num[ok], den[ok], g["key"].to_numpy()[ok], scale)
+
+
+def cell_samples(runs: pd.DataFrame, engine_steps: Optional[pd.DataFrame] = None,
+                 requests: Optional[pd.DataFrame] = None) -> dict[str, CellSample]:
+    """Per run id, its :class:`CellSample` (closed loop from ``engine_steps``, paper from ``requests``)."""
+    out: dict[str, CellSample] = {}
+    by_es = dict(tuple(engine_steps.groupby("run_id"))) if engine_steps is not None and len(engine_steps) else {}
+    by_rq = dict(tuple(requests.groupby("run_id"))) if requests is not None and len(requests) else {}
+    for r in runs.itertuples():
+        if r.batch_mode == "paper":
+            if r.run_id in by_rq:
+                out[r.run_id] = _batch_sample(by_rq[r.run_id], float(r.tok_per_s))
+        elif r.run_id in by_es:
+            out[r.run_id] = _step_sample(by_es[r.run_id])
+    return out
+
+
+def _units(s: CellSample, nb: int, keys: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, seconds) per unit: ``nb`` contiguous blocks of steps, or the batches (in ``keys`` order)."""
+    if s.kind == "steps":
+        edges = np.linspace(0, s.n, nb + 1).round().astype(int)
+        cs_n, cs_d = np.concatenate([[0], np.cumsum(s.num)]), np.concatenate([[0], np.cumsum(s.den)])
+        return np.diff(cs_n[edges]), np.diff(cs_d[edges])
+    if keys is None:
+        return s.num, s.den
+    pos = {k: i for i, k in enumerate(s.keys)}
+    idx = np.array([pos[k] for k in keys], dtype=int)
+    return s.num[idx], s.den[idx]
+
+
+def _stat(s: CellSample, num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Throughput of each replicate (rows of ``idx``: drawn unit indices)."""
+    if s.kind == "steps":
+        return num[idx].sum(axis=1) / den[idx].sum(axis=1)
+    return (num[idx] / den[idx]).mean(axis=1) * s.scale
+
+
+def _rng(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _draws(rng: np.random.Generator, n_units: int, n_boot: int) -> np.ndarray:
+    return rng.integers(0, n_units, size=(n_boot, n_units))
+
+
+def _within(s: CellSample, rng, n_boot: int) -> np.ndarray:
+    """``n_boot`` within-run replicates of one run's throughput (NaN with too few units)."""
+    nb = n_blocks(s.n) if s.kind == "steps" else s.n
+    if nb < MIN_UNITS:
+        return np.full(n_boot, np.nan)
+    num, den = _units(s, nb)
+    return _stat(s, num, den, _draws(rng, nb, n_boot))
+
+
+def _within_paired(a: CellSample, b: CellSample, rng, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
+    """Paired within-run replicates of two runs (same block positions / same prompts)."""
+    nan = (np.full(n_boot, np.nan),) * 2
+    if a.kind != b.kind:
+        return nan
+    if a.kind == "steps":
+        nb = min(n_blocks(a.n), n_blocks(b.n))
+        keys = None
+    else:
+        keys = np.array(sorted(set(a.keys.tolist()) & set(b.keys.tolist())), dtype=object)
+        nb = len(keys)
+    if nb < MIN_UNITS:
+        return nan
+    (an, ad), (bn, bd) = _units(a, nb, keys), _units(b, nb, keys)
+    idx = _draws(rng, nb, n_boot)
+    return _stat(a, an, ad, idx), _stat(b, bn, bd, idx)
+
+
+def _over_repeats(reps: list[np.ndarray], rng, n_boot: int, draw: Optional[np.ndarray] = None) -> np.ndarray:
+    """Two-stage replicates: draw repeats with replacement, each with its own within-run replicate,
+    average. ``reps[r]`` holds ``n_boot * len(reps)`` within-run replicates of repeat r."""
+    n_rep = len(reps)
+    if n_rep == 1:
+        return reps[0][:n_boot]
+    draw = rng.integers(0, n_rep, size=(n_boot, n_rep)) if draw is None else draw
+    mat = np.stack(reps)  # (n_rep, n_boot * n_rep)
+    col = np.arange(n_boot)[:, None] * n_rep + np.arange(n_rep)[None, :]
+    return mat[draw, col].mean(axis=1)
+
+
+def _interval(reps: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    reps = reps[np.isfinite(reps)]
+    if len(reps) == 0:
+        return np.nan, np.nan
+    a = (1 - level) / 2
+    lo, hi = np.quantile(reps, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+CELL = KEYS + ["method", "method_label", "num_spec_tokens"]
+
+
+def throughput_intervals(runs: pd.DataFrame, samples: dict[str, CellSample], n_boot: int = N_BOOT,
+                         level: float = LEVEL) -> pd.DataFrame:
+    """:func:`sdlib.analysis.measures.throughput_table` plus ``tok_per_s_lo``, ``tok_per_s_hi``
+    (``level`` percentile interval), ``ci_units`` (what was resampled) and ``n_units`` (units per
+    repeat, smallest over repeats)."""
+    tp = throughput_table(runs)
+    lo, hi, units, n_units = [], [], [], []
+    for row in tp.itertuples(index=False):
+        key = tuple(getattr(row, c) for c in CELL)
+        g = runs[_match(runs, CELL, key)].sort_values("repeat")
+        ss = [samples.get(r) for r in g["run_id"]]
+        if not ss or any(s is None for s in ss):
+            lo.append(np.nan), hi.append(np.nan), units.append(""), n_units.append(0)
+            continue
+        rng = _rng("tp", *key)
+        reps = [_within(s, rng, n_boot * len(ss)) for s in ss]
+        a, b = _interval(_over_repeats(reps, rng, n_boot), level)
+        lo.append(a), hi.append(b)
+        units.append(_unit_label(row.batch_mode, len(ss)))
+        n_units.append(min(n_blocks(s.n) if s.kind == "steps" else s.n for s in ss))
+    tp["tok_per_s_lo"], tp["tok_per_s_hi"] = lo, hi
+    tp["ci_units"], tp["n_units"] = units, n_units
+    return tp
+
+
+def speedup_intervals(runs: pd.DataFrame, samples: dict[str, CellSample], n_boot: int = N_BOOT,
+                      level: float = LEVEL, tp: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """:func:`sdlib.analysis.measures.speedup_table` plus ``tok_per_s_lo/hi`` and ``speedup_lo/hi``:
+    paired resamples of each SD cell and its no-SD baseline (module docstring)."""
+    sp = speedup_table(runs)
+    tp = throughput_intervals(runs, samples, n_boot, level) if tp is None else tp
+    sp = sp.merge(tp[CELL + ["tok_per_s_lo", "tok_per_s_hi", "ci_units", "n_units"]], on=CELL, how="left")
+    lo, hi = [], []
+    for row in sp.itertuples(index=False):
+        if row.method == "none" or not np.isfinite(row.speedup):
+            lo.append(np.nan), hi.append(np.nan)
+            continue
+        key = tuple(getattr(row, c) for c in CELL)
+        g = runs[_match(runs, CELL, key)]
+        base = runs[_match(runs, KEYS, key[:len(KEYS)]) & (runs["method"] == "none")]
+        a, b = _interval(_paired_speedups(g, base, samples, n_boot, _rng("sp", *key)), level)
+        lo.append(a), hi.append(b)
+    sp["speedup_lo"], sp["speedup_hi"] = lo, hi
+    return sp
+
+
+def _paired_speedups(sd: pd.DataFrame, base: pd.DataFrame, samples: dict[str, CellSample], n_boot: int,
+                     rng) -> np.ndarray:
+    """Replicates of mean SD tok/s / mean no-SD tok/s: repeats paired by index when both have the same
+    ones (else drawn independently), units paired within each repeat pair."""
+    sd_by = {int(r): rid for r, rid in zip(sd["repeat"], sd["run_id"])}
+    base_by = {int(r): rid for r, rid in zip(base["repeat"], base["run_id"])}
+    if any(samples.get(x) is None for x in [*sd_by.values(), *base_by.values()]):
+        return np.full(n_boot, np.nan)
+    if sorted(sd_by) == sorted(base_by):
+        n_rep = len(sd_by)
+        pairs = [_within_paired(samples[sd_by[r]], samples[base_by[r]], rng, n_boot * n_rep) for r in sorted(sd_by)]
+        draw = rng.integers(0, n_rep, size=(n_boot, n_rep)) if n_rep > 1 else None
+        num = _over_repeats([p[0] for p in pairs], rng, n_boot, draw)
+        den = _over_repeats([p[1] for p in pairs], rng, n_boot, draw)
+        return num / den
+    num = _over_repeats([_within(samples[x], rng, n_boot * len(sd_by)) for x in sd_by.values()], rng, n_boot)
+    den = _over_repeats([_within(samples[x], rng, n_boot * len(base_by)) for x in base_by.values()], rng, n_boot)
+    return num / den
+
+
+def _match(df: pd.DataFrame, cols: Sequence[str], key: tuple) -> pd.Series:
+    m = pd.Series(True, index=df.index)
+    for c, v in zip(cols, key):
+        m &= df[c].isna() if pd.isna(v) else (df[c] == v)
+    return m
+
+
+def _unit_label(batch_mode: str, repeats: int) -> str:
+    u = UNIT_NAMES.get(str(batch_mode), "units")
+    return u + (f", then {repeats} repeats" if repeats > 1 else "")
+
+
+def sweep_intervals(sweep_dir: str | Path, n_boot: int = N_BOOT, level: float = LEVEL,
+                    runs: Optional[pd.DataFrame] = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(throughput, speedup) tables with intervals for one sweep folder (reads ``runs``, and
+    ``engine_steps`` for closed-loop cells or ``requests`` for paper-mode cells)."""
+    from sdlib.store import read_table
+
+    runs = read_table(sweep_dir, "runs") if runs is None else runs
+    modes = set(runs["batch_mode"].astype(str))
+    es = read_table(sweep_dir, "engine_steps") if "closed_loop" in modes else None
+    rq = read_table(sweep_dir, "requests") if "paper" in modes else None
+    samples = cell_samples(runs, es, rq)
+    tp = throughput_intervals(runs, samples, n_boot, level)
+    return tp, speedup_intervals(runs, samples, n_boot, level, tp=tp)
+
+
+def interval_note(runs: pd.DataFrame, level: float = LEVEL) -> str:
+    """One line for a figure: what its intervals are, and whether run-to-run variation is in them."""
+    modes = sorted(set(runs["batch_mode"].astype(str)))
+    units = " / ".join(UNIT_NAMES.get(m, m) for m in modes)
+    reps = int(runs.groupby(CELL, dropna=False)["run_id"].size().max()) if len(runs) else 0
+    tail = (f"across {reps} repeats and within each" if reps > 1
+            else "1 repeat: run-to-run variation not included")
+    return f"{100 * level:.0f}% CI: bootstrap over {units} (paired SD vs no SD), {tail}"
+
+
+def overlaps(lo_a, hi_a, lo_b, hi_b) -> bool:
+    """True when two intervals share a point (or either is unknown): their order is not established."""
+    if any(pd.isna(x) for x in (lo_a, hi_a, lo_b, hi_b)):
+        return True
+    return not (hi_a < lo_b or hi_b < lo_a)
+
+
+def versus_baseline(lo, hi) -> str:
+    """``faster`` / ``slower`` than no SD when the speedup interval lies above / below 1, else ``not established``."""
+    if pd.isna(lo) or pd.isna(hi):
+        return "not established (no interval)"
+    if lo > 1:
+        return "faster than no SD"
+    if hi < 1:
+        return "slower than no SD"
+    return "not established (interval includes 1)"
+
+
+def compare_methods(sp: pd.DataFrame, by: Sequence[str] = ("model", "dataset", "batch_size")) -> pd.DataFrame:
+    """Per group (default: model, dataset, batch size): each SD method against no SD, and each pair of
+    SD methods against each other: ``verdict`` says which is faster where the intervals do not
+    overlap, and ``not established (intervals overlap)`` where they do (prose never ranks those)."""
+    d = sp[(sp["method"] != "none") & sp["speedup"].notna()]
+    rows = []
+    for key, g in d.groupby(list(by), dropna=False):
+        g = g.sort_values("speedup", ascending=False)
+        base = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        for r in g.itertuples(index=False):
+            rows.append({**base, "a": r.method_label, "b": "none", "speedup_a": r.speedup, "lo_a": r.speedup_lo,
+                         "hi_a": r.speedup_hi, "speedup_b": 1.0, "lo_b": 1.0, "hi_b": 1.0,
+                         "verdict": versus_baseline(r.speedup_lo, r.speedup_hi)})
+        recs = list(g.itertuples(index=False))
+        for i, a in enumerate(recs):
+            for b in recs[i + 1:]:
+                est = not overlaps(a.speedup_lo, a.speedup_hi, b.speedup_lo, b.speedup_hi)
+                rows.append({**base, "a": a.method_label, "b": b.method_label, "speedup_a": a.speedup,
+                             "lo_a": a.speedup_lo, "hi_a": a.speedup_hi, "speedup_b": b.speedup,
+                             "lo_b": b.speedup_lo, "hi_b": b.speedup_hi,
+                             "verdict": f"{a.method_label} faster" if est else "not established (intervals overlap)"})
+    return pd.DataFrame(rows)
+
+
+def fmt_ci(value: float, lo: float, hi: float, digits: int = 2) -> str:
+    """``1.14 [1.05, 1.22]`` (the interval left out when unknown)."""
+    if pd.isna(value):
+        return "n/a"
+    if pd.isna(lo) or pd.isna(hi):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def comparison_sentences(cmp_: pd.DataFrame, group: Sequence[str] = ("dataset", "batch_size")) -> list[str]:
+    """Prose from :func:`compare_methods`: per group, which methods are established faster or slower
+    than no SD, and which method pairs the intervals cannot order."""
+    out = []
+    if cmp_.empty:
+        return out
+    for key, g in cmp_.groupby(list(group), dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        head = ", ".join(f"{c.replace('batch_size', 'bs')} {v}" for c, v in zip(group, key))
+        vs = g[g["b"] == "none"]
+        parts = []
+        for verdict in ("faster than no SD", "slower than no SD"):
+            ms = [f"{r.a} {fmt_ci(r.speedup_a, r.lo_a, r.hi_a)}" for r in vs.itertuples() if r.verdict == verdict]
+            if ms:
+                parts.append(f"{verdict}: " + "; ".join(ms))
+        und = [f"{r.a} {fmt_ci(r.speedup_a, r.lo_a, r.hi_a)}" for r in vs.itertuples()
+               if r.verdict.startswith("not established")]
+        if und:
+            parts.append("not established against no SD: " + "; ".join(und))
+        pairs = g[(g["b"] != "none")]
+        ranked = [f"{r.a} > {r.b}" for r in pairs.itertuples() if not r.verdict.startswith("not established")]
+        if ranked:
+            parts.append("established (intervals apart): " + ", ".join(ranked))
+        tied = [f"{r.a} vs {r.b}" for r in pairs.itertuples() if r.verdict.startswith("not established")]
+        if tied:
+            parts.append("order not established (intervals overlap): " + ", ".join(tied))
+        out.append(f"{head}: " + ". ".join(parts) + ".")
+    return out
+
+
+def established_crossover(sp: pd.DataFrame, by: Sequence[str] = ("model", "dataset", "method_label")) -> pd.DataFrame:
+    """:func:`sdlib.analysis.measures.crossover_table` plus, from the intervals, per group: the largest
+    batch size whose speedup interval lies above 1 (``last_established_gain_batch_size``) and the
+    smallest whose interval lies below 1 (``first_established_loss_batch_size``); NA where none does."""
+    from sdlib.analysis.measures import crossover_table
+
+    cross = crossover_table(sp, by=by)
+    d = sp[(sp["method"] != "none") & sp["speedup"].notna()]
+    rows = []
+    for key, g in d.groupby(list(by)):
+        gain = g[g["speedup_lo"] > 1]["batch_size"]
+        loss = g[g["speedup_hi"] < 1]["batch_size"]
+        rows.append({**dict(zip(by, key)),
+                     "last_established_gain_batch_size": int(gain.max()) if len(gain) else pd.NA,
+                     "first_established_loss_batch_size": int(loss.min()) if len(loss) else pd.NA})
+    extra = pd.DataFrame(rows, columns=list(by) + ["last_established_gain_batch_size",
+                                                   "first_established_loss_batch_size"])
+    return cross.merge(extra, on=list(by), how="left") if len(cross) else cross
+
+
+def ratio_by_request(per_request: pd.DataFrame, group: Sequence[str], num: str, den: str, strata: str = "run_id",
+                     n_boot: int = N_BOOT, level: float = LEVEL, offset: float = 0.0) -> pd.DataFrame:
+    """Per ``group``: ``offset + sum(num) / sum(den)`` over requests, with a bootstrap interval over
+    requests drawn within each ``strata`` value (each run keeps its number of requests).
+
+    ``per_request``: one row per request with the ``num`` and ``den`` sums of its steps. Returns
+    ``group`` columns, ``value``, ``value_lo``, ``value_hi``, ``n_requests``.
+    """
+    rows = []
+    for key, g in per_request.groupby(list(group), dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        tot_d = float(g[den].sum())
+        value = offset + float(g[num].sum()) / tot_d if tot_d > 0 else np.nan
+        rng = _rng("ratio", *key)
+        bn, bd = np.zeros(n_boot), np.zeros(n_boot)
+        for _, s in g.groupby(strata, dropna=False):
+            nv, dv = s[num].to_numpy(float), s[den].to_numpy(float)
+            idx = _draws(rng, len(s), n_boot)
+            bn += nv[idx].sum(axis=1)
+            bd += dv[idx].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps = offset + bn / np.where(bd > 0, bd, np.nan)
+        lo, hi = _interval(reps, level) if len(g) >= MIN_UNITS and np.isfinite(value) else (np.nan, np.nan)
+        rows.append({**dict(zip(group, key)), "value": value, "value_lo": lo, "value_hi": hi, "n_requests": len(g)})
+    return pd.DataFrame(rows, columns=list(group) + ["value", "value_lo", "value_hi", "n_requests"])
+
+
+def acceptance_intervals(steps: pd.DataFrame, runs: pd.DataFrame,
+                         group: Sequence[str] = ("model", "method_label", "dataset"),
+                         n_boot: int = N_BOOT, level: float = LEVEL) -> pd.DataFrame:
+    """:func:`sdlib.analysis.measures.acceptance_by_method` (1 + accepted / drafts, pooled over batch
+    sizes and repeats) plus ``mean_acceptance_length_lo/hi``: bootstrap over requests within each run."""
+    from sdlib.analysis.measures import acceptance_by_method
+
+    acc = acceptance_by_method(steps, runs)
+    s = steps[["run_id", "request_id", "drafted", "accepted"]].copy()
+    s["drafted"] = s["drafted"].astype("Float64")
+    s["is_draft"] = (s["drafted"].fillna(0) > 0).astype(float)
+    s["acc_draft"] = s["accepted"].astype("Float64").fillna(0).astype(float) * s["is_draft"]
+    per = s.groupby(["run_id", "request_id"], as_index=False)[["is_draft", "acc_draft"]].sum()
+    per = per.merge(runs[["run_id"] + list(group)], on="run_id")
+    ci = ratio_by_request(per, group, "acc_draft", "is_draft", n_boot=n_boot, level=level, offset=1.0)
+    ci = ci.rename(columns={"value_lo": "mean_acceptance_length_lo", "value_hi": "mean_acceptance_length_hi",
+                            "n_requests": "n_requests"}).drop(columns="value")
+    return acc.merge(ci, on=list(group), how="left")
+
+
+def wilson(k, n, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of a proportion ``k / n`` (arrays or scalars); NaN where ``n`` is 0.
+
+    For shares of requests (outputs that differ, outputs identical): unlike a bootstrap it has width even
+    when every request agrees (0 of 24 is not proof that the share is 0)."""
+    from statistics import NormalDist
+
+    k, n = np.asarray(k, dtype=float), np.asarray(n, dtype=float)
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    bad = ~(n > 0)
+    return np.where(bad, np.nan, centre - half), np.where(bad, np.nan, centre + half)

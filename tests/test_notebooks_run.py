@@ -1,0 +1,177 @@
+"""The notebooks, run as ``make notebooks`` runs them (papermill, :data:`sdlib.plots.notebooks.RUNS`) but into a
+temporary folder, and what they computed checked against sdlib recomputing it from the tables.
+
+Each notebook records its key numbers in the CSVs it writes beside its figures; the tests below read
+those CSVs and recompute a few numbers through sdlib from the committed tables (the pattern of
+recommenders-team/recommenders, papermill + scrapbook, with the figure CSVs as the record). A notebook
+whose number drifts from what sdlib computes fails here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sdlib.plots.notebooks import RUNS, NotebookRun, execute
+
+EMB = "data/sweeps/embedded_default"
+
+
+@pytest.mark.parametrize("name", [r.name for r in RUNS])
+def test_notebook_runs(notebook_runs, name):
+    assert notebook_runs.run(name).exists()
+
+
+# ---------------------------------------------------------------------------
+# notebook 01: the speedup CSV is measures.speedup_table (+ intervals) on the committed runs
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("run, sweep", [("01_throughput_sweep", "embedded_default"),
+                                        ("01_throughput_sweep+gpu_sweeps", "h200_llama8b")])
+def test_01_speedup_csv_is_speedup_table_of_the_runs(notebook_runs, run, sweep):
+    from sdlib.analysis.intervals import sweep_intervals
+    from sdlib.analysis.measures import speedup_table
+    from sdlib.store import read_table
+
+    csv = notebook_runs.csv(run, f"01_throughput_sweep__speedup__sweep={sweep}.csv")
+    keys = ["model", "dataset", "batch_size", "method_label"]
+    runs = read_table(f"data/sweeps/{sweep}", "runs")
+    want = speedup_table(runs).merge(csv, on=keys, suffixes=("", "_csv"))
+    assert len(want) == len(csv) == len(speedup_table(runs))
+    assert want["speedup_csv"].to_numpy() == pytest.approx(want["speedup"].to_numpy(), rel=1e-8, nan_ok=True)
+    assert want["tok_per_s_csv"].to_numpy() == pytest.approx(want["tok_per_s"].to_numpy(), rel=1e-8)
+    # the intervals: recomputed with the same seeds, and every SD point inside its own interval
+    _, sp = sweep_intervals(f"data/sweeps/{sweep}")
+    both = sp.merge(csv, on=keys, suffixes=("", "_csv"))
+    for c in ("speedup_lo", "speedup_hi", "tok_per_s_lo", "tok_per_s_hi"):
+        assert both[f"{c}_csv"].to_numpy() == pytest.approx(both[c].to_numpy(), rel=1e-8, nan_ok=True), c
+    sd = csv[csv.method != "none"]
+    assert sd.speedup_lo.notna().all() and ((sd.speedup_lo <= sd.speedup) & (sd.speedup <= sd.speedup_hi)).all()
+
+
+def test_01_prose_never_ranks_overlapping_intervals(notebook_runs):
+    from sdlib.analysis.intervals import overlaps
+
+    cmp_ = notebook_runs.csv("01_throughput_sweep", "01_throughput_sweep__comparisons__sweep=embedded_default.csv")
+    pairs = cmp_[cmp_.b != "none"]
+    for r in pairs.itertuples():
+        assert r.verdict.startswith("not established") == overlaps(r.lo_a, r.hi_a, r.lo_b, r.hi_b)
+    vs = cmp_[cmp_.b == "none"]
+    assert (vs[vs.verdict == "faster than no SD"].lo_a > 1).all()
+    assert (vs[vs.verdict == "slower than no SD"].hi_a < 1).all()
+
+
+def test_01_acceptance_csv_matches_vllm_counters(notebook_runs):
+    """The notebook's mean acceptance length (from the steps table) equals vLLM's own counters, per method
+    and workload (pooled over batch sizes): 1 + accepted / drafts."""
+    from sdlib.store import read_table
+
+    csv = notebook_runs.csv("01_throughput_sweep", "01_throughput_sweep__acceptance__sweep=embedded_default.csv")
+    runs = read_table(EMB, "runs")
+    sd = runs[runs.method != "none"].groupby(["method_label", "dataset"])[
+        ["counter_num_accepted_tokens", "counter_num_drafts"]].sum()
+    counters = (1 + sd.counter_num_accepted_tokens / sd.counter_num_drafts).rename("counters").reset_index()
+    m = csv.merge(counters, on=["method_label", "dataset"])
+    assert len(m) == len(csv) == 12
+    assert m.mean_acceptance_length.to_numpy() == pytest.approx(m.counters.to_numpy(), rel=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# notebook 03: the cheat sheet against the steps tables
+# ---------------------------------------------------------------------------
+
+def test_03_cheat_sheet_is_the_steps_tables(notebook_runs):
+    from sdlib.analysis.measures import acceptance_table
+    from sdlib.store import read_table
+
+    csv = notebook_runs.csv("03_acceptance_variance", "03_acceptance_variance__cheat_sheet__source=embedded_default.csv")
+    runs, steps = read_table(EMB, "runs"), read_table(EMB, "steps")
+    acc = acceptance_table(steps, runs)  # per run: steps, drafts, accepted tokens
+    acc["mean_acc_len"] = 1 + acc.accepted_tokens / acc.steps
+    m = csv.merge(acc, left_on=["dataset", "method", "k", "batch_size"],
+                  right_on=["dataset", "method", "num_spec_tokens", "batch_size"], suffixes=("", "_sdlib"))
+    assert len(m) == len(csv) == 36  # 4 SD methods x 3 workloads x 3 batch sizes, one run each
+    assert m.mean_acc_len.to_numpy() == pytest.approx(m.mean_acc_len_sdlib.to_numpy(), rel=1e-9)
+    assert m.mean_acc_len_drafts.to_numpy() == pytest.approx(m.mean_acceptance_length.to_numpy(), rel=1e-9)
+    assert (m.n_steps == m.steps).all()
+    assert ((m.mean_acc_len_lo <= m.mean_acc_len) & (m.mean_acc_len <= m.mean_acc_len_hi)).all()
+
+
+# ---------------------------------------------------------------------------
+# notebook 04: the measured panel against the sweep's requests
+# ---------------------------------------------------------------------------
+
+def test_04_measured_is_ngram_vs_eagle3_per_dataset(notebook_runs):
+    from sdlib.analysis.bleu import measured_bleu_runs, measured_relative_speedup
+
+    csv = notebook_runs.csv("04_bleu_ngram", "04_bleu_ngram__measured.csv")
+    rows, _ = measured_bleu_runs([EMB])
+    mb, ref, bs = measured_relative_speedup(rows, bleu_col="bleu4_no_bp")
+    assert ref == "eagle3-k3" and set(csv.reference) == {"eagle3-k3"} and set(csv.label) == {"ngram-k3"}
+    m = csv.merge(mb.assign(bin=mb.bin.astype(str)), on=["dataset", "bin", "label"], suffixes=("", "_sdlib"))
+    assert len(m) == len(csv) and sorted(set(csv.dataset)) == ["code_edit", "humaneval", "sharegpt"]
+    assert m.relative_speedup.to_numpy() == pytest.approx(m.relative_speedup_sdlib.to_numpy(), rel=1e-8)
+    assert (m.num_requests == m.num_requests_sdlib).all() and (csv.pale == (csv.num_requests < 5)).all()
+
+
+# ---------------------------------------------------------------------------
+# notebook 05: Oracle Combine on InstructCoder at bs 1, the authors' convention and H100 cost model
+# ---------------------------------------------------------------------------
+
+def test_05_oracle_combine_instructcoder_bs1_authors(notebook_runs):
+    from sdlib.sim import oracle as O
+    from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B
+    from sdlib.sim.traces import load_reference_traces
+
+    csv = notebook_runs.csv("05_oracle_bounds", "05_oracle_bounds.csv")
+    row = csv[(csv.dataset == "instructcoder") & (csv.proposer == "combined") & (csv.predict_method == "ORACLE")
+              & (csv.batch_size == 1) & (csv.convention == "authors") & (csv.cost_model == AUTHORS_H100_LLAMA8B.name)]
+    assert len(row) == 1
+    got = float(row.speedup.iloc[0])
+    assert round(got, 2) == 4.89  # the paper reports ~4.9x with their simulator
+    per = O.simulate_requests(O.prepare_traces(load_reference_traces(["instructcoder"])),
+                              cost_models=[AUTHORS_H100_LLAMA8B], batch_sizes=[1], proposers=["combined"],
+                              predict_methods=["ORACLE"], conventions=["authors"], sample="authors")
+    want = float(O.speedup_table(per).speedup.iloc[0])
+    assert got == pytest.approx(want, rel=1e-5)  # the CSV keeps 6 significant digits
+
+
+# ---------------------------------------------------------------------------
+# inputs that are not there: a clear error naming the folder, not another sweep's figures
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params, named", [
+    ({"SWEEP_DIRS": ["data/sweeps/no_such_sweep"]}, "no_such_sweep"),
+    ({"SWEEP_DIRS": [], "SWEEP_CONFIG": "configs/embedded_default.yaml", "RESULTS_DIR": "/nonexistent/results"},
+     "/nonexistent/results/embedded_default"),
+])
+def test_01_missing_folder_is_an_error_naming_it(tmp_path, params, named):
+    import papermill as pm
+
+    run = NotebookRun("01_throughput_sweep", parameters=params)
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        execute(run, tmp_path, tmp_path / "figures")
+    assert "FileNotFoundError" in str(e.value) and named in str(e.value)
+    assert not (tmp_path / "figures").exists() or not any((tmp_path / "figures").iterdir())
+
+
+@pytest.mark.parametrize("notebook", ["02_time_breakdown", "03_acceptance_variance", "04_bleu_ngram",
+                                      "05_oracle_bounds"])
+def test_other_notebooks_refuse_a_missing_sweep_folder(tmp_path, notebook):
+    import papermill as pm
+
+    run = NotebookRun(notebook, parameters={"SWEEP_DIRS": ["data/sweeps/no_such_sweep"]})
+    with pytest.raises(pm.PapermillExecutionError, match="no_such_sweep"):
+        execute(run, tmp_path, tmp_path / "figures")
+
+
+def test_every_run_writes_into_its_figures_dir_only(notebook_runs):
+    """The runs wrote their figures to the temporary folder (the repo's figures/ is checked by
+    tests/test_artefacts.py against exactly these files)."""
+    figs = notebook_runs.run_all()
+    names = {p.name for p in figs.iterdir()}
+    for r in RUNS:
+        assert any(n.startswith(r.notebook) for n in names), r.name
+    assert np.all([p.stat().st_size > 0 for p in figs.iterdir()])
+    assert isinstance(pd.read_csv(figs / "05_oracle_bounds.csv"), pd.DataFrame)
