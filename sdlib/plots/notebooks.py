@@ -51,6 +51,7 @@ RUNS = [
     NotebookRun("03_acceptance_variance"),
     NotebookRun("04_bleu_ngram"),
     NotebookRun("05_oracle_bounds"),
+    NotebookRun("06_trace_replay"),
 ]
 
 
