@@ -35,6 +35,7 @@ DELEGATED = {
                   "sdlib.vllm.selfcheck"),
     "rates": ("synthetic acceptance rates per draft position that reproduce the authors' traces",
               "sdlib.sim.closed_form"),
+    "report": ("tok/s, speedup (95% intervals) and acceptance length per cell of a sweep", "sdlib.run.report"),
 }
 
 
@@ -100,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

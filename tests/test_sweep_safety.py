@@ -198,3 +198,26 @@ def test_prompts_that_cannot_fit_are_skipped_not_the_cell():
     ps = [SimpleNamespace(prompt_token_ids=ids, max_output_tokens=None) for ids in ([1] * 5, [], [1] * 20, [1] * 6)]
     keep, counts = fit_prompts(ps, wl, max_model_len=20)
     assert len(keep) == 2 and counts == {"kept": 2, "skipped_empty": 1, "skipped_too_long": 1}
+
+
+def test_report_on_the_committed_sweep(capsys):
+    from sdlib.analysis.measures import speedup_table
+    from sdlib.paths import CONFIGS_DIR, SWEEPS_DIR
+    from sdlib.run.report import print_report, report_table
+
+    assert cli.main(["report", str(CONFIGS_DIR / "embedded_default.yaml"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 45 and all(r["speedup"] == pytest.approx(1.0) for r in rows if r["method_label"] == "none")
+    sp = speedup_table(SweepStore(SWEEPS_DIR / "embedded_default").read("runs")).set_index(
+        ["dataset", "method_label", "batch_size"])["speedup"]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(sp[(r["dataset"], r["method_label"], r["batch_size"])])
+        if r["method_label"] != "none":
+            assert r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"] and r["mean_acceptance_length"] > 1
+    store = SweepStore(SWEEPS_DIR / "embedded_default")
+    some = sorted(store.done_ids())[:3]
+    t = report_table(store, run_ids=some)
+    assert len(t) == 3  # only the cells a sweep ran, with their baselines used for the speedup
+    print_report(store, run_ids=some)
+    assert "speedup [95% CI]" in capsys.readouterr().err
+    assert cli.main(["report", "nope.yaml"]) == 2

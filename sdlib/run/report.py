@@ -1,0 +1,108 @@
+"""A sweep's results in one table: per cell, tok/s and speedup over no SD with their 95% intervals, and the
+mean acceptance length (1 + accepted / drafts). Printed at the end of ``sdlib sweep`` and by ``sdlib report``.
+
+Usage:
+    sdlib report configs/embedded_default.yaml            # a text table
+    sdlib report data/sweeps/embedded_default --csv       # or --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from sdlib.config import ConfigError
+
+COLUMNS = ["model", "dataset", "method_label", "batch_size", "tok_per_s", "tok_per_s_lo", "tok_per_s_hi",
+           "speedup", "speedup_lo", "speedup_hi", "mean_acceptance_length", "acceptance_source", "n_units",
+           "ci_units"]
+
+
+def report_table(store, run_ids: Optional[list[str]] = None, n_boot: int = 1000) -> pd.DataFrame:
+    """The table for a sweep folder (its current config's cells; only ``run_ids`` when given)."""
+    from sdlib.analysis.intervals import sweep_intervals
+    from sdlib.analysis.measures import acceptance_table
+
+    runs = store.read("runs")
+    if run_ids is not None:
+        keep = set(run_ids)
+        bases = runs[runs["method"] == "none"]  # speedups need their baselines even if they ran earlier
+        runs = pd.concat([runs[runs["run_id"].isin(keep)], bases]).drop_duplicates("run_id")
+    if runs.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    _, sp = sweep_intervals(store.dir, n_boot=n_boot, runs=runs)
+    acc = acceptance_table(store.read("steps"), runs)
+    if not acc.empty:
+        acc = acc.groupby(["model", "dataset", "method_label", "batch_size"], as_index=False)[
+            "mean_acceptance_length"].mean()
+        sp = sp.merge(acc, on=["model", "dataset", "method_label", "batch_size"], how="left")
+    else:
+        sp["mean_acceptance_length"] = float("nan")
+    src = runs.groupby(["model", "dataset", "method_label", "batch_size"], as_index=False)["acceptance_source"].first()
+    sp = sp.merge(src, on=["model", "dataset", "method_label", "batch_size"], how="left")
+    if run_ids is not None:
+        done = runs[runs["run_id"].isin(set(run_ids))][["model", "dataset", "method_label", "batch_size"]]
+        sp = sp.merge(done.drop_duplicates(), on=["model", "dataset", "method_label", "batch_size"])
+    out = sp.reindex(columns=COLUMNS)
+    return out.sort_values(["model", "dataset", "batch_size", "method_label"]).reset_index(drop=True)
+
+
+def _fmt(v, lo, hi, digits: int) -> str:
+    if pd.isna(v):
+        return "-"
+    ci = f" [{lo:.{digits}f}, {hi:.{digits}f}]" if pd.notna(lo) and pd.notna(hi) else ""
+    return f"{v:.{digits}f}{ci}"
+
+
+def format_report(t: pd.DataFrame) -> str:
+    """A text table for a terminal."""
+    if t.empty:
+        return "no finished cells"
+    rows = [{"model": r.model, "dataset": r.dataset, "method": r.method_label, "bs": int(r.batch_size),
+             "tok/s [95% CI]": _fmt(r.tok_per_s, r.tok_per_s_lo, r.tok_per_s_hi, 1),
+             "speedup [95% CI]": _fmt(r.speedup, r.speedup_lo, r.speedup_hi, 2),
+             "accept. length": "-" if pd.isna(r.mean_acceptance_length) else f"{r.mean_acceptance_length:.2f}"}
+            for r in t.itertuples()]
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def print_report(store, run_ids: Optional[list[str]] = None) -> None:
+    """The summary at the end of a sweep (the cells it ran), on stderr."""
+    print(format_report(report_table(store, run_ids)), file=sys.stderr)
+
+
+def main(argv=None, prog: str = "sdlib report") -> int:
+    """``sdlib report CONFIG_OR_DIR [--csv | --json]``: reads a sweep's tables, prints the table (stdout)."""
+    from sdlib.config import load_sweep
+    from sdlib.store import SweepStore
+
+    ap = argparse.ArgumentParser(prog=prog, description="tok/s and speedup with 95% intervals and the mean "
+                                 "acceptance length per cell of a sweep (reads its tables; writes nothing).")
+    ap.add_argument("target", help="a sweep YAML, or a sweep's results folder")
+    ap.add_argument("--results-dir", help="with a YAML: the results folder it was run with")
+    fmt = ap.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV on stdout")
+    fmt.add_argument("--json", action="store_true", help="JSON records on stdout")
+    a = ap.parse_args(argv)
+    target = Path(a.target).expanduser().resolve()
+    if target.is_dir():
+        folder = target
+    elif target.is_file():
+        overrides = {"results_dir": str(Path(a.results_dir).expanduser().resolve())} if a.results_dir else None
+        folder = load_sweep(target, overrides).out_dir
+    else:
+        raise ConfigError(f"report: {a.target} is neither a sweep config nor a results folder")
+    if not (folder / "runs").is_dir():
+        raise ConfigError(f"report: {folder} has no runs table (has the sweep run?)")
+    t = report_table(SweepStore(folder))
+    if a.csv:
+        t.to_csv(sys.stdout, index=False)
+    elif a.json:
+        print(t.to_json(orient="records", indent=1))
+    else:
+        print(format_report(t))
+    return 0
