@@ -10,6 +10,7 @@ Usage:
     sdlib codeedit 5                               # print code-edit examples (JSON lines)
     sdlib schema                                   # every table's columns as Markdown (data/README.md)
     sdlib selfcheck --method eagle                 # phase timers on a tiny dummy-weight engine
+    sdlib simulate --traces reference --out t.csv  # per-step policies vs fixed k vs Oracle Combine (simulated)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ DELEGATED = {
     "codeedit": ("print code-edit examples as JSON lines", "sdlib.workloads.codeedit"),
     "selfcheck": ("time the phases of a tiny dummy-weight engine in this process (phase-timer self-check)",
                   "sdlib.vllm.selfcheck"),
+    "simulate": ("simulate per-step policies, baselines and oracle bounds on acceptance traces (CSV)",
+                 "sdlib.sim.simulate_cli"),
 }
 
 

@@ -129,6 +129,11 @@ class MethodConfig:
                 raise ValueError(f"replay: {self.replay!r} is not one of {list(POLICIES)}")
             if self.name not in TRACE_OF_METHOD:
                 raise ValueError(f"replay: method {self.name!r} cannot replay (one of {sorted(TRACE_OF_METHOD)})")
+            from sdlib.sim.replay_policies import POLICY_METHODS
+
+            if self.replay in POLICY_METHODS and self.name not in POLICY_METHODS[self.replay]:
+                raise ValueError(f"replay: {self.replay!r} replays on {list(POLICY_METHODS[self.replay])}, "
+                                 f"not {self.name!r}")
         if self.name in ("eagle", "eagle3", "draft_model") and not self.model:
             raise ValueError(f"method {self.name!r} needs 'model' (the draft or head path)")
         if self.name in ("none", "ngram") and self.model:
