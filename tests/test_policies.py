@@ -192,3 +192,30 @@ def test_simulate_policies_small_table():
     # fixed k = 2 at bs 1: 1.4 + 3.6 s for 6 tokens vs 1.4 + 5.5 s
     r = per[(per.policy == "fixed-eagle3-k2") & (per.batch_size == 1)].iloc[0]
     assert r.sd_time_s == pytest.approx(5.0) and r.base_time_s == pytest.approx(6.9)
+
+
+def test_position_steps_equal_step_records():
+    """The fast grid walks of fixed k, Oracle Proposal and Combine are the simulator's own step sequences."""
+    from sdlib.sim.policy_sim import position_steps
+
+    rng = np.random.default_rng(2)
+    rows = []
+    for r in range(6):
+        P, O = rng.integers(0, 4, 12).tolist(), rng.integers(0, 4, 30).tolist()
+        rows.append(("toy", str(r), P, O, None, [1] + rng.integers(1, 7, 29).tolist()))
+    from sdlib.extract.ngram import ngram_acc_len
+
+    rows = [(d, r, P, O, ngram_acc_len(P, O, k=20), eg) for d, r, P, O, _, eg in rows]
+    prep = prepare_traces(long_form(rows), keep_tokens=True)
+    inp = PolicyInputs.of(prep)
+    cases = [("fixed-eagle3", 3, "eagle3", "FIXED_3"), ("fixed-ngram", 2, "ngram", "FIXED_2"),
+             ("oracle-eagle3", None, "eagle3", "ORACLE"), ("oracle-ngram", None, "ngram", "ORACLE"),
+             ("combine", None, "combined", "ORACLE")]
+    for name, k, prop, pm in cases:
+        st = position_steps(inp, name, k)
+        rec = step_records(prep, prop, pm, "corrected")
+        o = np.lexsort((rec.pos, rec.req))
+        assert st.req.tolist() == rec.req[o].tolist() and st.pos.tolist() == rec.pos[o].tolist()
+        assert st.n_i.tolist() == rec.n_i[o].tolist() and st.gain.tolist() == rec.gain[o].tolist()
+        np.testing.assert_allclose(request_times(inp, st, CM, 4),
+                                   request_times(inp, from_step_records(rec, st.path, k, prop), CM, 4))

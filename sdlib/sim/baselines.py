@@ -84,6 +84,8 @@ SGLANG_0511 = ([1, 3, 7], 0.0, -0.25)
 SGLANG_EMA_ALPHA, SGLANG_WARMUP, SGLANG_INTERVAL = 0.2, 10, 5
 #: --speculative-num-steps the simulated server starts with (SGLang's EAGLE examples use 3).
 SGLANG_INITIAL_STEPS = 3
+#: Output positions of each request the carry-over pass runs (its final state starts the next request).
+SGLANG_TAIL = 256
 
 
 def sglang_slot(batch_size: int, version: str = "0.5.23") -> tuple:
@@ -124,7 +126,8 @@ class SGLangAdaptive(Policy):
     it probes the next tier. In the paper's batch mode the batch is B copies of one request, so the batch mean
     is that request's. SGLang keeps one controller per server across requests; the simulator starts each
     request from the state the previous request (in trace order) ended in, taken from a first pass that
-    starts every request fresh (``carry_over``).
+    runs every request's last :data:`SGLANG_TAIL` positions from a fresh controller (``carry_over``; the EMA
+    forgets its start within a few dozen steps: 0.8^50 < 1e-4).
     """
 
     lengths = "eagle3"
@@ -210,7 +213,8 @@ def sglang_steps(inp: PolicyInputs, batch_size: int, version: str = "0.5.23", ca
             for key in ("idx", "ema", "count"):
                 final.setdefault(key, np.zeros(len(inp_.prep)))[lanes.req] = lanes.state[key]
 
-    walk(inp, capped(Recorder(batch_size, version), K))
+    L = inp.lengths("eagle3")
+    walk(inp, capped(Recorder(batch_size, version), K), start=np.maximum(L - SGLANG_TAIL, 1))
     prev = _previous_in_order(inp)
     start = {}
     for key, v in final.items():

@@ -292,19 +292,75 @@ def gains_of(inp: PolicyInputs, req, pos, drafter, proposed, flat: Optional[np.n
 _COLUMNS = ("cfg", "req", "pos", "n_i", "k", "drafter", "eagle", "eagle_n", "ngram", "gain")
 
 
+def walk_positions(inp: PolicyInputs, gain: np.ndarray, lengths: str = "mixed") -> np.ndarray:
+    """Flat grid indices a policy whose gain depends on the position alone visits (``gain``: flat, >= 1),
+    every request from position 1 to its ``lengths`` output length; loop over steps, numpy over requests."""
+    L = inp.lengths(lengths)
+    cur, end = inp.off[:-1] + 1, inp.off[:-1] + L
+    m = cur < end
+    cur, end = cur[m], end[m]
+    out = []
+    while cur.size:
+        out.append(cur)
+        cur = cur + gain[cur]
+        m = cur < end
+        if not m.all():
+            cur, end = cur[m], end[m]
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+def position_steps(inp: PolicyInputs, name: str, k: Optional[int] = None) -> PolicySteps:
+    """Fixed k (``fixed-eagle3`` / ``fixed-ngram``), Oracle Proposal (``oracle-eagle3`` / ``oracle-ngram``) and
+    Oracle Combine (``combine``) on the grid, as :func:`sdlib.sim.oracle.step_records` defines them under the
+    corrected convention (tests check they agree), without its per-call look-ups."""
+    ng, eg, av = inp.acc_ng, inp.acc_eg, inp.avail
+    if name == "fixed-eagle3":
+        prop, gain, kind = np.full(eg.shape, k), np.minimum(eg, k + 1), "eagle3"
+    elif name == "fixed-ngram":
+        prop = np.minimum(av, k)
+        gain, kind = np.minimum(ng, prop + 1), "ngram"
+    elif name == "oracle-eagle3":
+        prop, gain, kind = eg - 1, eg, "eagle3"
+    elif name == "oracle-ngram":
+        prop, gain, kind = ng - 1, ng, "ngram"
+    elif name == "combine":
+        a = np.maximum(ng, eg)
+        prop, gain, kind = a - 1, a, "mixed"
+    else:
+        raise ValueError(name)
+    idx = walk_positions(inp, gain, kind)
+    req = np.searchsorted(inp.off, idx, side="right") - 1
+    pos = idx - inp.off[req]
+    p = prop[idx]
+    n = idx.size
+    one, zero = np.ones(n), np.zeros(n)
+    if kind == "eagle3":
+        drafter, eagle, ngram, path = np.full(n, EAGLE), one, zero, "padded"
+    elif kind == "ngram":
+        drafter, eagle, ngram, path = np.where(p > 0, NGRAM, NONE), zero, one, "ragged"
+    else:
+        drafter, eagle, ngram, path = np.where(ng[idx] >= eg[idx], NGRAM, EAGLE), one, one, "padded"
+    kk = np.full(n, k) if k is not None else p
+    return PolicySteps(req, pos, (p + 1).astype(np.int64), kk.astype(np.int64), drafter.astype(np.int8), eagle,
+                       (p + 1).astype(float), ngram, gain[idx].astype(np.int64), one.copy(),
+                       inp.lengths(kind).copy(), path)
+
+
 def walk(inp: PolicyInputs, policy: Policy, n_configs: int = 1,
-         requests: Optional[Sequence[int]] = None) -> list[PolicySteps]:
+         requests: Optional[Sequence[int]] = None, start: Optional[np.ndarray] = None) -> list[PolicySteps]:
     """Run ``policy`` on every (configuration, request) lane; one :class:`PolicySteps` per configuration.
 
     Lanes run while their position is below the policy's output length (so ``lanes.flat`` is always inside
-    the request's grid); decisions may be arrays over the lanes or scalars.
+    the request's grid); decisions may be arrays over the lanes or scalars. ``start``: (R,) first position of
+    each request (default 1, the first step after the prefill).
     """
     R = len(inp.prep)
     reqs = np.arange(R) if requests is None else np.asarray(requests, dtype=np.int64)
     L = inp.lengths(policy.lengths)
     cfg = np.repeat(np.arange(n_configs), reqs.size)
     req = np.tile(reqs, n_configs)
-    lanes = Lanes(cfg, req, np.ones(req.size, np.int64), L[req].astype(np.int64), {})
+    pos0 = np.ones(req.size, np.int64) if start is None else np.maximum(np.asarray(start, np.int64)[req], 1)
+    lanes = Lanes(cfg, req, pos0, L[req].astype(np.int64), {})
     lanes.state = policy.init_state(lanes.cfg, lanes.req)
     lanes.keep(lanes.pos < lanes.end)
     cols: dict[str, list] = {k: [] for k in _COLUMNS}

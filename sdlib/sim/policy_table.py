@@ -30,8 +30,9 @@ import numpy as np
 import pandas as pd
 
 from sdlib.sim.baselines import BASELINES, BATCH_DEPENDENT, baseline_steps
-from sdlib.sim.oracle import PreparedTraces, step_records
-from sdlib.sim.policy_sim import KMAX, PolicyInputs, PolicySteps, from_step_records, no_sd_times, request_times, walk
+from sdlib.sim.oracle import PreparedTraces
+from sdlib.sim.policy_sim import (KMAX, PolicyInputs, PolicySteps, no_sd_times, position_steps, request_times,
+                                  walk)
 
 #: Draft lengths of the ``fixed`` family (per method).
 FIXED_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20)
@@ -89,22 +90,15 @@ def _fixed_spec(name: str) -> Optional[tuple[str, int]]:
 
 def static_steps(inp: PolicyInputs, name: str) -> PolicySteps:
     """Steps of a policy that depend neither on the batch size nor on the cost model."""
-    prep = inp.prep
     spec = _fixed_spec(name)
     if spec:
-        m, k = spec
-        return from_step_records(step_records(prep, m, f"FIXED_{k}", "corrected"),
-                                 "padded" if m == "eagle3" else "ragged", k, m)
-    if name in ("oracle-eagle3", "oracle-ngram"):
-        m = name.split("-")[1]
-        return from_step_records(step_records(prep, m, "ORACLE", "corrected"),
-                                 "padded" if m == "eagle3" else "ragged", None, m)
-    if name == "combine":
-        return from_step_records(step_records(prep, "combined", "ORACLE", "corrected"), "padded", None, "combined")
+        return position_steps(inp, f"fixed-{spec[0]}", spec[1])
+    if name in ("oracle-eagle3", "oracle-ngram", "combine"):
+        return position_steps(inp, name)
     return baseline_steps(name, inp)
 
 
-def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> pd.DataFrame:
+def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> dict:
     prep = inp.prep
     L = st.output_len
     key = (cm.name, B, L.tobytes())
@@ -113,13 +107,13 @@ def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> pd.D
     tb = base_cache[key]
     ts = request_times(inp, st, cm, B)
     w = st.weight
-    steps = np.bincount(st.req, weights=w, minlength=len(prep))
-    gained = np.bincount(st.req, weights=w * st.gain, minlength=len(prep))
-    drafted = np.bincount(st.req, weights=w * (st.n_i - 1), minlength=len(prep))
-    return pd.DataFrame({"dataset": prep.dataset, "request_id": prep.request_id, "policy": name,
-                         "family": family_of(name), "batch_size": int(B), "cost_model": cm.name,
-                         "output_len": L, "num_steps": steps, "gained": gained, "drafted": drafted,
-                         "sd_time_s": ts, "base_time_s": tb, "sd_tok_per_s": B * L / ts, "base_tok_per_s": B * L / tb})
+    R = len(prep)
+    return {"policy": np.full(R, name, dtype=object), "family": np.full(R, family_of(name), dtype=object),
+            "batch_size": np.full(R, int(B)), "cost_model": np.full(R, cm.name, dtype=object), "output_len": L,
+            "num_steps": np.bincount(st.req, weights=w, minlength=R),
+            "gained": np.bincount(st.req, weights=w * st.gain, minlength=R),
+            "drafted": np.bincount(st.req, weights=w * (st.n_i - 1), minlength=R),
+            "sd_time_s": ts, "base_time_s": tb, "sd_tok_per_s": B * L / ts, "base_tok_per_s": B * L / tb}
 
 
 def simulate_policies(prep: PreparedTraces, policies: Sequence[str], batch_sizes: Sequence[int],
@@ -129,32 +123,38 @@ def simulate_policies(prep: PreparedTraces, policies: Sequence[str], batch_sizes
     ``predictor``: a :class:`sdlib.sim.training.Predictor` for the online policies (None: cross-fitted here);
     ``kmax``: the traces' k (the longest draft they score).
     """
+    inp = PolicyInputs.of(prep, kmax)
+    names = expand_policies(policies, inp.kmax)
+    parts, base_cache = [], {}
+    cfg = [(cm, int(B)) for cm in cost_models for B in batch_sizes]
+    for name in names:
+        for (cm, B), st in zip(cfg, policy_steps_at(inp, name, cfg, predictor)):
+            parts.append(_rows(inp, st, name, cm, B, base_cache))
+    cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    n = len(parts)
+    return pd.DataFrame({"dataset": np.tile(prep.dataset, n), "request_id": np.tile(prep.request_id, n), **cols})
+
+
+def policy_steps_at(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None) -> list[PolicySteps]:
+    """The steps of policy ``name`` at each (cost model, batch size) of ``cfg`` (shared where they do not
+    depend on them). The online variants need ``predictor`` (None: cross-fitted on ``inp``'s requests)."""
     from sdlib.sim.features import add_features
     from sdlib.sim.policies import OnlinePolicy
 
-    inp = PolicyInputs.of(prep, kmax)
-    names = expand_policies(policies, inp.kmax)
-    frames, base_cache = [], {}
-    cfg = [(cm, int(B)) for cm in cost_models for B in batch_sizes]
-    for name in names:
-        if name in ONLINE_VARIANTS:
-            add_features(inp)
-            if predictor is None:
-                from sdlib.sim.training import crossfit
+    if name in ONLINE_VARIANTS:
+        add_features(inp)
+        if predictor is None:
+            from sdlib.sim.training import crossfit
 
-                predictor = crossfit(inp)
-            pol = OnlinePolicy(predictor.models, [c for c, _ in cfg], [b for _, b in cfg], variant=name,
-                               model_of_request=predictor.model_of_request(), kmax=inp.kmax)
-            for (cm, B), st in zip(cfg, walk(inp, pol, n_configs=len(cfg))):
-                frames.append(_rows(inp, st, name, cm, B, base_cache))
-        elif name in BATCH_DEPENDENT:
-            for B in batch_sizes:
-                st = baseline_steps(name, inp, int(B))
-                frames += [_rows(inp, st, name, cm, int(B), base_cache) for cm in cost_models]
-        else:
-            st = static_steps(inp, name)
-            frames += [_rows(inp, st, name, cm, B, base_cache) for cm, B in cfg]
-    return pd.concat(frames, ignore_index=True)
+            predictor = crossfit(inp)
+        pol = OnlinePolicy(predictor.models, [c for c, _ in cfg], [b for _, b in cfg], variant=name,
+                           model_of_request=predictor.model_of_request(), kmax=inp.kmax)
+        return walk(inp, pol, n_configs=len(cfg))
+    if name in BATCH_DEPENDENT:
+        by_b = {B: baseline_steps(name, inp, B) for B in dict.fromkeys(b for _, b in cfg)}
+        return [by_b[b] for _, b in cfg]
+    st = static_steps(inp, name)
+    return [st] * len(cfg)
 
 
 @functools.lru_cache(maxsize=16)
