@@ -26,7 +26,7 @@ from pydantic.dataclasses import dataclass
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
 from sdlib.paths import SWEEPS_DIR, resolve
 
-METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "custom")
 DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit")
 BATCH_MODES = ("closed_loop", "paper")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -136,6 +136,8 @@ class MethodConfig:
                                  f"not {self.name!r}")
         if self.name in ("eagle", "eagle3", "draft_model") and not self.model:
             raise ValueError(f"method {self.name!r} needs 'model' (the draft or head path)")
+        if self.name == "custom" and not (self.model and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", self.model)):
+            raise ValueError("method 'custom' needs 'model': a proposer class as pkg.module.Class (vLLM custom_class)")
         if self.name in ("none", "ngram") and self.model:
             raise ValueError(f"method {self.name!r} takes no 'model'")
         reserved = {"method", "model", "num_speculative_tokens"} & set(self.options)
@@ -166,6 +168,9 @@ class MethodConfig:
         """The dict for ``vllm.LLM(speculative_config=...)``; None without SD."""
         if self.name == "none":
             return None
+        if self.name == "custom":  # vLLM's custom_class: a user proposer class, imported in the engine's worker
+            return {"method": "custom_class", "model": self.model, "num_speculative_tokens": self.num_spec_tokens,
+                    **self.options}
         cfg: dict[str, Any] = {"method": self.name, "num_speculative_tokens": self.num_spec_tokens}
         if self.model:
             p = resolve(self.model)

@@ -104,3 +104,24 @@ def plot_losses(losses: pd.DataFrame, cost_model: str, policies: Sequence[str], 
     fig.legend(loc="lower center", ncol=min(len(policies), 5), fontsize=8, bbox_to_anchor=(0.5, -0.08))
     fig.suptitle(title, fontsize=10)
     return fig
+
+
+def plot_measured(meas: pd.DataFrame, title: str):
+    """Measured speedup over no SD with its bootstrap interval vs batch size, a panel per dataset and a line
+    per method (:func:`sdlib.analysis.speedup_ci.measured_speedups`)."""
+    datasets = sorted(meas.dataset.unique())
+    labels = list(dict.fromkeys(meas.sort_values("method").method_label))
+    fig, axes = new_figure(1, len(datasets), width=3.6, height=3.4, sharey=True)
+    for c, ds in enumerate(datasets):
+        ax = axes[0][c]
+        for i, lab in enumerate(labels):
+            s = meas[(meas.dataset == ds) & (meas.method_label == lab)].sort_values("batch_size")
+            ax.errorbar(s.batch_size, s.speedup, yerr=[s.speedup - s.speedup_lo, s.speedup_hi - s.speedup],
+                        marker="o", ms=4, capsize=3, color=f"C{i}", label=lab if c == 0 else None)
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(meas.batch_size.unique()), [str(b) for b in sorted(meas.batch_size.unique())])
+        ax.set(title=ds, xlabel="batch size", ylabel="speedup over no SD" if c == 0 else "")
+    fig.legend(loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(title, fontsize=10)
+    return fig
