@@ -12,6 +12,7 @@ Usage:
     sdlib codeedit 5                               # print code-edit examples (JSON lines)
     sdlib schema                                   # every table's columns as Markdown (data/README.md)
     sdlib selfcheck --method eagle                 # phase timers on a tiny dummy-weight engine
+    sdlib simulate --traces reference --out t.csv  # per-step policies vs fixed k vs Oracle Combine (simulated)
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ DELEGATED = {
                   "sdlib.vllm.selfcheck"),
     "rates": ("synthetic acceptance rates per draft position that reproduce the authors' traces",
               "sdlib.sim.closed_form"),
-    "report": ("tok/s, speedup (95% intervals) and acceptance length per cell of a sweep", "sdlib.run.report"),
+    "report": ("tok/s, speedup (95%% intervals) and acceptance length per cell of a sweep", "sdlib.run.report"),
+    "simulate": ("simulate per-step policies, baselines and oracle bounds on acceptance traces (CSV)",
+                 "sdlib.sim.simulate_cli"),
 }
 
 

@@ -27,7 +27,8 @@ from pydantic.dataclasses import dataclass
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
 from sdlib.paths import SWEEPS_DIR, repo_relative, resolve
 
-METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+#: SD methods; ``custom`` = a user proposer class (``model: pkg.module.Class``, vLLM's custom_class)
+METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "custom")
 #: the paper's datasets, ours (code_edit), and ``custom``: a user's own JSONL file (sdlib.workloads.custom)
 DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit", "custom")
 BATCH_MODES = ("closed_loop", "paper")
@@ -142,8 +143,15 @@ class MethodConfig:
                 raise ValueError(f"replay: {self.replay!r} is not one of {list(POLICIES)}")
             if self.name not in TRACE_OF_METHOD:
                 raise ValueError(f"replay: method {self.name!r} cannot replay (one of {sorted(TRACE_OF_METHOD)})")
+            from sdlib.sim.replay_policies import POLICY_METHODS
+
+            if self.replay in POLICY_METHODS and self.name not in POLICY_METHODS[self.replay]:
+                raise ValueError(f"replay: {self.replay!r} replays on {list(POLICY_METHODS[self.replay])}, "
+                                 f"not {self.name!r}")
         if self.name in ("eagle", "eagle3", "draft_model") and not self.model:
             raise ValueError(f"method {self.name!r} needs 'model' (the draft or head path)")
+        if self.name == "custom" and not (self.model and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", self.model)):
+            raise ValueError("method 'custom' needs 'model': a proposer class as pkg.module.Class (vLLM custom_class)")
         if self.name in ("none", "ngram") and self.model:
             raise ValueError(f"method {self.name!r} takes no 'model'")
         reserved = {"method", "model", "num_speculative_tokens"} & set(self.options)
@@ -174,6 +182,9 @@ class MethodConfig:
         """The dict for ``vllm.LLM(speculative_config=...)``; None without SD."""
         if self.name == "none":
             return None
+        if self.name == "custom":  # vLLM's custom_class: a user proposer class, imported in the engine's worker
+            return {"method": "custom_class", "model": self.model, "num_speculative_tokens": self.num_spec_tokens,
+                    **self.options}
         cfg: dict[str, Any] = {"method": self.name, "num_speculative_tokens": self.num_spec_tokens}
         if self.model:
             p = resolve(self.model)

@@ -21,6 +21,7 @@ import pandas as pd
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
 from sdlib.sim.oracle import prepare_traces
 from sdlib.sim.replay import RequestPlan, replay_plans, truncate_traces
+from sdlib.sim.replay_policies import MIXED
 from sdlib.vllm.replay import ReplayPlans
 
 
@@ -31,7 +32,7 @@ def cell_plans(cell, prompts: list, table: pd.DataFrame) -> tuple[ReplayPlans, d
     rows = table[table["request_id"].astype(str).isin(want)]
     prep = prepare_traces(rows, ngram_lookup=True, keep_tokens=True)
     prep = truncate_traces(prep, cell.workload.max_output_tokens)
-    plans = replay_plans(prep, method.name, method.replay, K)
+    plans = replay_plans(prep, method.name, method.replay, K, batch_size=cell.batch_size)
     by_index: dict[int, RequestPlan] = {}
     tokens, prompt_len = {}, {}
     for i, rid in enumerate(prep.request_id):
@@ -47,7 +48,7 @@ def cell_plans(cell, prompts: list, table: pd.DataFrame) -> tuple[ReplayPlans, d
         raise ValueError(f"no traces for requests {missing[:5]}")
     spec = method.speculative_config() or {}
     lookup = (int(spec.get("prompt_lookup_min", NGRAM_MIN)), int(spec.get("prompt_lookup_max", NGRAM_MAX)))
-    ngram = lookup if (method.name == "ngram" or method.replay == "combine") else None
+    ngram = lookup if (method.name == "ngram" or method.replay == "combine" or method.replay in MIXED) else None
     rp = ReplayPlans(K=K, plans={k: (v.pos, v.proposed, v.accepted) for k, v in by_index.items()},
                      tokens=tokens if ngram else {}, prompt_len=prompt_len, ngram=ngram,
                      output_len={k: v.output_len for k, v in by_index.items()},

@@ -18,6 +18,10 @@ Policies (``method.replay`` in a sweep config), for an engine with ``num_specula
 ``accept_all``      calibration: K drafted, all accepted (equals synthetic acceptance L = K + 1)
 ``accept_none``     calibration: K drafted, none accepted (equals synthetic acceptance L = 1)
 ``propose_nothing`` calibration: nothing drafted (the path's fixed cost over no SD; ragged paths only)
+``online``          the project's online policy (:mod:`sdlib.sim.policies`), proposals capped at K, at the
+                    cell's batch size (:mod:`sdlib.sim.replay_policies`)
+baseline names      ``ngram-eagle``, ``ngram-eagle-long``, ``arctic``, ``sglang-adaptive``, ``dynamic-sd``,
+                    ``specdecode-adaptive`` (:mod:`sdlib.sim.baselines`), capped at K likewise
 ==================  ======================================================================================
 
 Where the engine cannot verify fewer than K tokens (vLLM 0.26's V2 runner: EAGLE, EAGLE-3), a plan's
@@ -38,8 +42,11 @@ import numpy as np
 
 from sdlib.sim.oracle import PreparedTraces, step_records
 
+#: Per-step policies (sdlib.sim.replay_policies.POLICY_METHODS: the methods each can replay on).
+STEP_POLICIES = ("online", "ngram-eagle", "ngram-eagle-long", "arctic", "sglang-adaptive", "dynamic-sd",
+                 "specdecode-adaptive")
 #: Policies the engine replay knows (sdlib.vllm.replay), with what each replays.
-POLICIES = ("fixed", "oracle", "combine", "accept_all", "accept_none", "propose_nothing")
+POLICIES = ("fixed", "oracle", "combine", "accept_all", "accept_none", "propose_nothing") + STEP_POLICIES
 #: Calibration policies: acceptance fixed by the policy, not by the traces.
 CALIBRATION = ("accept_all", "accept_none", "propose_nothing")
 #: SD methods whose engine path a replay can stand for, and the trace lists each replays.
@@ -94,8 +101,9 @@ def _walk_constant(L: int, proposed: int, accepted: int) -> RequestPlan:
     return RequestPlan(pos, np.full(pos.size, proposed, np.int64), np.full(pos.size, accepted, np.int64), int(L))
 
 
-def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int) -> list[RequestPlan]:
-    """One :class:`RequestPlan` per request of ``prep`` (see the module docstring for the policies)."""
+def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int, batch_size: int = 1) -> list[RequestPlan]:
+    """One :class:`RequestPlan` per request of ``prep`` (see the module docstring for the policies);
+    ``batch_size``: the cell's (per-step policies that depend on it)."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {POLICIES}")
     if K < 1:
@@ -107,8 +115,13 @@ def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int) -> list
         return [_walk_constant(int(x), K, 0) for x in L]
     if policy == "propose_nothing":
         return [_walk_constant(int(x), 0, 0) for x in L]
-    proposer, pm = simulator_spec(method, policy, K)
-    rec = step_records(prep, proposer, pm, "corrected")
+    if policy in STEP_POLICIES:
+        from sdlib.sim.replay_policies import policy_steps
+
+        rec = policy_steps(prep, method, policy, K, batch_size)
+    else:
+        proposer, pm = simulator_spec(method, policy, K)
+        rec = step_records(prep, proposer, pm, "corrected")
     order = np.argsort(rec.req, kind="stable")
     bounds = np.searchsorted(rec.req[order], np.arange(len(prep) + 1))
     plans = []

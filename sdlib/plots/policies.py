@@ -1,0 +1,127 @@
+"""Notebook 07's figures: the share of the gap each policy closes, per-position choices beside Oracle
+Combine's (paper Fig. 11 form), and where the baselines lose.
+
+Every figure here is simulated; titles say which traces and cost model (:func:`sim_policy_title`).
+
+Usage:
+    from sdlib.plots.policies import plot_gap_shares
+    fig = plot_gap_shares(gap_wide(gaps, POLICIES), "authors_h100_llama8b", POLICIES, "title")
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from sdlib.plots.style import new_figure
+
+DRAFTER_COLORS = {"ngram": "C1", "eagle3": "C0", "none": "0.6"}
+#: ``policy`` of the rows of :func:`sdlib.sim.policy_views.choices` that hold the traces at every position.
+TRACE = "trace"
+
+
+def sim_policy_title(cm_name: str, what: str, traces: str = "authors' traces (Llama-3.1-8B, H100)") -> str:
+    """``<what>`` + a line saying the figure is simulated: whose traces, which cost model."""
+    return f"{what}\nsimulated: {traces} + cost model {cm_name}, corrected convention"
+
+
+def plot_gap_shares(wide: pd.DataFrame, cost_model: str, policies: Sequence[str], title: str):
+    """A heat table: rows (dataset, batch size), columns policies, cells the share of the gap (best fixed ->
+    Oracle Combine) closed; the gap itself (% of the best fixed) in the last column."""
+    w = wide[wide.cost_model == cost_model].sort_values(["dataset", "batch_size"])
+    vals = w[list(policies)].to_numpy(dtype=float)
+    fig, axes = new_figure(1, 1, width=1.0 + 0.85 * (len(policies) + 1), height=0.9 + 0.32 * len(w))
+    ax = axes[0][0]
+    ax.imshow(np.clip(vals, -1, 1.2), cmap="RdYlGn", vmin=-1, vmax=1.2, aspect="auto")
+    for i in range(vals.shape[0]):
+        for j in range(vals.shape[1]):
+            ax.text(j, i, f"{vals[i, j]:.2f}", ha="center", va="center", fontsize=7)
+        ax.text(len(policies), i, f"{100 * w.gap_rel.iloc[i]:.0f}%", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(policies) + 1), list(policies) + ["gap"], rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(w)), [f"{d} · bs {b}" for d, b in zip(w.dataset, w.batch_size)], fontsize=8)
+    ax.set_xlim(-0.5, len(policies) + 0.5)
+    ax.grid(False)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def plot_choices(ch: pd.DataFrame, policies: Sequence[str], title: str):
+    """Per request (a column) and policy (a row): tokens drafted at each step (bars, coloured by drafter) and
+    gained (black ticks) against the output position; the traces' acceptance of both drafters as thin lines."""
+    reqs = list(dict.fromkeys(ch.request))
+    fig, axes = new_figure(len(policies), len(reqs), width=4.4, height=2.4, sharex="col")
+    for c, r in enumerate(reqs):
+        for i, pol in enumerate(policies):
+            ax = axes[i][c]
+            s = ch[(ch.request == r) & (ch.policy == pol)]
+            trace = ch[(ch.request == r) & (ch.policy == TRACE)].sort_values("pos")
+            ax.plot(trace.pos, trace.acc_ngram - 1, color=DRAFTER_COLORS["ngram"], lw=0.6, alpha=0.5)
+            ax.plot(trace.pos, trace.acc_eagle3 - 1, color=DRAFTER_COLORS["eagle3"], lw=0.6, alpha=0.5)
+            for d, col in DRAFTER_COLORS.items():
+                sd = s[s.drafter == d]
+                if len(sd):
+                    ax.bar(sd.pos, sd.drafted, width=0.9, color=col, label=f"drafted: {d}")
+            ax.plot(s.pos, s.gained - 1, "k_", ms=5, label="accepted")
+            ax.set_ylabel(f"{pol}\ntokens", fontsize=8)
+            if i == 0:
+                ax.set_title(f"{s.dataset.iloc[0] if len(s) else ''} · request {s.request_id.iloc[0] if len(s) else r}",
+                             fontsize=9)
+            if i == len(policies) - 1:
+                ax.set_xlabel("output position")
+    handles, labels = {}, []
+    for row in axes:
+        for a in row:
+            for h, lab in zip(*a.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+    labels = list(handles) + ["thin lines: accepted if drafted here (traces)"]
+    fig.legend(list(handles.values()) + [axes[0][0].lines[0]], labels, loc="lower center", ncol=5, fontsize=8,
+               bbox_to_anchor=(0.5, -0.05))
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_losses(losses: pd.DataFrame, cost_model: str, policies: Sequence[str], datasets: Sequence[str], title: str):
+    """Top row: each policy's speedup / the cell's best fixed method vs batch size, a panel per dataset; bottom
+    row: drafted tokens rejected per step (what over-drafting costs) for the same policies."""
+    t = losses[losses.cost_model == cost_model]
+    fig, axes = new_figure(2, len(datasets), width=3.4, height=2.9, sharey="row")
+    for c, ds in enumerate(datasets):
+        for i, pol in enumerate(policies):
+            s = t[(t.dataset == ds) & (t.policy == pol)].sort_values("batch_size")
+            kw = dict(marker="o", ms=3, color=f"C{i}", lw=2.0 if pol == "online" else 1.0)
+            axes[0][c].plot(s.batch_size, s.vs_best_fixed, label=pol if c == 0 else None, **kw)
+            axes[1][c].plot(s.batch_size, s.rejected_per_step, **kw)
+        for r in (0, 1):
+            axes[r][c].set_xscale("log", base=2)
+            axes[r][c].set_xticks(sorted(t.batch_size.unique()), [str(b) for b in sorted(t.batch_size.unique())])
+        axes[0][c].axhline(1, color="grey", lw=0.8)
+        axes[0][c].set_title(ds, fontsize=9)
+        axes[1][c].set_xlabel("batch size")
+    axes[0][0].set_ylabel("speedup / best fixed")
+    axes[1][0].set_ylabel("rejected drafts per step")
+    fig.legend(loc="lower center", ncol=min(len(policies), 5), fontsize=8, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_measured(meas: pd.DataFrame, title: str):
+    """Measured speedup over no SD with its bootstrap interval vs batch size, a panel per dataset and a line
+    per method (:func:`sdlib.analysis.speedup_ci.measured_speedups`)."""
+    datasets = sorted(meas.dataset.unique())
+    labels = list(dict.fromkeys(meas.sort_values("method").method_label))
+    fig, axes = new_figure(1, len(datasets), width=3.6, height=3.4, sharey=True)
+    for c, ds in enumerate(datasets):
+        ax = axes[0][c]
+        for i, lab in enumerate(labels):
+            s = meas[(meas.dataset == ds) & (meas.method_label == lab)].sort_values("batch_size")
+            ax.errorbar(s.batch_size, s.speedup, yerr=[s.speedup - s.speedup_lo, s.speedup_hi - s.speedup],
+                        marker="o", ms=4, capsize=3, color=f"C{i}", label=lab if c == 0 else None)
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(meas.batch_size.unique()), [str(b) for b in sorted(meas.batch_size.unique())])
+        ax.set(title=ds, xlabel="batch size", ylabel="speedup over no SD" if c == 0 else "")
+    fig.legend(loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle(title, fontsize=10)
+    return fig

@@ -1,0 +1,66 @@
+"""Replay plans of the per-step policies (sdlib.sim.replay_policies): consistent with the engine hooks'
+contract on hand-made traces, and made for every replay cell of configs/h200_online.yaml without an engine."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sdlib.config import ConfigError, load_sweep, parse_sweep
+from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.replay import STEP_POLICIES, replay_plans, truncate_traces
+from sdlib.sim.replay_policies import POLICY_METHODS
+
+
+def _prep():
+    rows = []
+    rng = np.random.default_rng(0)
+    for rid in range(3):
+        prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 2
+        out = [1, 2, 3, 4, 5, 6, 9, 9] + rng.integers(10, 20, 16).tolist()
+        ng = [1] + rng.integers(1, 6, 23).tolist()
+        eg = [1] + rng.integers(1, 8, 23).tolist()
+        for m, acc in (("ngram", ng), ("eagle3", eg)):
+            rows.append({"dataset": "toy", "request_id": str(rid), "prompt_token_ids": prompt,
+                         "output_token_ids": out, "method": m, "acc_len": acc})
+    return truncate_traces(prepare_traces(pd.DataFrame(rows), keep_tokens=True), 20)
+
+
+@pytest.mark.parametrize("policy", [p for p in STEP_POLICIES if p != "online"])
+@pytest.mark.parametrize("K", [2, 5])
+def test_plans_follow_the_engine_contract(policy, K):
+    prep = _prep()
+    for method in POLICY_METHODS[policy]:
+        for B in (1, 8, 128):
+            for plan, L in zip(replay_plans(prep, method, policy, K, batch_size=B), prep.output_len):
+                assert (plan.proposed <= K).all() and (plan.accepted <= plan.proposed).all()
+                # every step starts where the previous one's tokens end; the last one reaches the output's end
+                assert plan.pos[0] == 1 and (np.diff(plan.pos) == plan.accepted[:-1] + 1).all()
+                assert plan.pos[-1] + plan.accepted[-1] + 1 >= L and sum(plan.gains()) == L
+
+
+def test_step_policies_and_methods_in_config():
+    base = {"name": "x", "models": [{"path": "/m"}], "workloads": [{"dataset": "gsm8k", "source": "reference",
+                                                                      "full_traces": True}],
+            "batch_sizes": [1], "engine": {"pin_target": True}}
+    parse_sweep({**base, "methods": [{"name": "eagle3", "model": "/h", "replay": "online"}]})
+    with pytest.raises(ConfigError, match="replay"):
+        parse_sweep({**base, "methods": [{"name": "ngram", "replay": "online"}]})
+
+
+def test_every_cell_of_the_online_config_gets_plans():
+    """The plans of h200_online's replay cells, made as the worker makes them (no engine)."""
+    from sdlib.run.replay import cell_plans
+    from sdlib.workloads import load_prompts, load_trace_table
+
+    sweep = load_sweep("configs/h200_online.yaml")
+    cells = [c for c in sweep.cells() if c.method.replay and c.workload.dataset == "instructcoder"]
+    assert {c.method.replay for c in cells} >= {"online", "ngram-eagle", "arctic", "sglang-adaptive"}
+    wl = cells[0].workload
+    prompts, table = load_prompts(wl, None), load_trace_table(wl)
+    for c in cells:
+        plans, by_index = cell_plans(c, prompts, table)
+        K = c.method.num_spec_tokens
+        for p in by_index.values():
+            assert (p.proposed <= K).all() and sum(p.gains()) == p.output_len
+        mixed = c.method.replay in ("online", "ngram-eagle", "ngram-eagle-long", "arctic", "combine")
+        assert (plans.ngram is not None) == (mixed or c.method.name == "ngram")
