@@ -20,7 +20,6 @@ from sdlib.run.sweep import run_sweep
 from sdlib.sim.oracle import prepare_traces
 from sdlib.sim.replay import replay_plans, truncate_traces
 from sdlib.sim.traces import read_traces, write_traces
-from sdlib.store import read_table
 
 pytestmark = pytest.mark.engine
 
