@@ -228,8 +228,8 @@ def reap_orphans(registry_dir: Optional[Path] = None, grace_s: float = 5.0, log=
             e = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if e.get("owner_pid") != os.getpid() and _pid_alive(int(e.get("owner_pid", -1))):
-            continue  # its supervisor still runs (maybe another sweep): not ours to end
+        if _pid_alive(int(e.get("owner_pid", -1))):
+            continue  # its supervisor still runs (this process, or another sweep): not an orphan
         pgid = int(e["pgid"])
         members = [p for p in _proc_pids_in_group(pgid) if _has_token(p, e["token"])] if group_alive(pgid) else []
         if members:

@@ -87,7 +87,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     made, i, buf = 0, 0, []
     c = st.counters
     while made < n:
-        g = min(st.chunks[i % len(st.chunks)], n - made) if i else 1  # the prefill step gives one token
+        g = min(st.chunks[(i - 1) % len(st.chunks)], n - made) if i else 1  # the prefill step gives one token
         if i:  # a verify step: k drafted, g - 1 accepted
             c["drafts"] += 1
             c["draft_tokens"] += st.k
