@@ -31,6 +31,16 @@ def test_gamma_gaps_have_the_rate_and_the_burstiness(b):
     assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(b), rel=0.02)  # CV of gamma(b) = 1/sqrt(b)
 
 
+@pytest.mark.parametrize("b", [0.25, 1.0])
+def test_exact_rate_conditions_on_the_realised_rate_and_keeps_the_shape(b):
+    t = arrival_times(4.0, 24, burstiness=b, seed=0, exact_rate=True)
+    assert t[0] == 0 and realised_rate(t) == pytest.approx(4.0)
+    # the gaps' shape is unchanged: CV over many rescaled short sequences ~ 1/sqrt(b) (Dirichlet spacings)
+    gaps = np.concatenate([np.diff(arrival_times(4.0, 50, b, seed=s, exact_rate=True)) for s in range(400)])
+    assert gaps.mean() == pytest.approx(0.25, rel=1e-9)
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(b), rel=0.05)
+
+
 def test_arrivals_seeded_and_shifted():
     a = arrival_times(2.0, 50, seed=3)
     assert np.array_equal(a, arrival_times(2.0, 50, seed=3))

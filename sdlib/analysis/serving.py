@@ -273,3 +273,41 @@ def backends_of(runs: pd.DataFrame) -> dict[str, list[str]]:
 def stale_free(runs: pd.DataFrame, run_ids: Optional[set[str]]) -> pd.DataFrame:
     """Rows of ``runs`` (or any table with ``run_id``) whose cell is in the config (``run_ids``); all if None."""
     return runs if run_ids is None else runs[runs["run_id"].isin(run_ids)].reset_index(drop=True)
+
+
+def read_serving(store, run_ids: Optional[set[str]] = None) -> dict[str, pd.DataFrame]:
+    """The serving tables of a store (:class:`sdlib.store.serving_store.ServingStore`), keeping only rows of
+    finished cells that ``run_ids`` (the config's cells) names: stale rows are never averaged in."""
+    runs = stale_free(store.read("serve_runs"), run_ids)
+    done = set(runs["run_id"])
+    return {"serve_runs": runs, **{t: stale_free(store.read(t), done)
+                                   for t in ("serve_requests", "serve_chunks", "serve_counters")}}
+
+
+def decision_table(capacity: pd.DataFrame, sla_rows: pd.DataFrame, descriptions: dict[str, str],
+                   price_per_hour: float, sla: SLA = SLA()) -> pd.DataFrame:
+    """The scenario's decision table, one row per fleet (option): servers, the highest measured rate meeting
+    the SLA, the SLA percentiles there (ms, with 95% intervals), output tokens/s, goodput and cost per million
+    output tokens at ``price_per_hour`` per server. Rows with no rate meeting the SLA show NaN there."""
+    q = sla.percentile
+    cap = capacity[capacity["kind"] == "fleet"]
+    rows = []
+    for c in cap.itertuples():
+        at = sla_rows[(sla_rows["label"] == c.label) & (sla_rows["rate_rps"] == c.max_rate_meeting_sla_rps)]
+        a = at.iloc[0] if len(at) else None
+
+        def ms(metric, a=a):
+            if a is None:
+                return float("nan"), ""
+            return (round(float(a[f"{metric}_p{q:g}_ms"]), 1),
+                    f"[{a[f'{metric}_p{q:g}_lo_ms']:.1f}, {a[f'{metric}_p{q:g}_hi_ms']:.1f}]")
+
+        (t, tci), (i, ici) = ms("ttft"), ms("itl")
+        rows.append({"option": descriptions.get(c.label, c.label), "fleet": c.label, "servers": c.num_servers,
+                     "rates_measured_rps": c.rates_measured,
+                     "max_rate_meeting_sla_rps": c.max_rate_meeting_sla_rps, "sla_verdict_certain": c.certain,
+                     f"ttft_p{q:g}_ms": t, f"ttft_p{q:g}_ci_ms": tci, f"itl_p{q:g}_ms": i, f"itl_p{q:g}_ci_ms": ici,
+                     "output_tok_per_s": c.output_tok_per_s_at_max, "goodput_rps": c.goodput_rps_at_max,
+                     "price_per_server_hour": price_per_hour,
+                     "cost_per_m_output_tokens": c.cost_per_m_output_tokens})
+    return pd.DataFrame(rows)

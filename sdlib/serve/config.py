@@ -70,6 +70,9 @@ class TrafficConfig:
     rates: list[float]  # requests/s sent to one server (method cells)
     num_requests: int = Field(48, ge=1)  # measured requests per cell
     burstiness: float = Field(1.0, gt=0)
+    # rescale the gaps so the realised rate equals the requested one (exact conditioning for gamma gaps,
+    # sdlib.serve.arrivals); false: free renewal process, the realised rate scatters by ~1/sqrt(n)
+    exact_rate: bool = True
     warmup_requests: int = Field(4, ge=0)  # sent at once after a server starts, dropped
     repeats: int = Field(1, ge=1)
     seed: int = 0
@@ -262,6 +265,14 @@ class ServingConfig:
                                                routes=dict(f.routes), default=f.default, threshold=f.threshold,
                                                rate=float(rate), repeat=rep, **common))
         return out
+
+    def run_ids(self) -> set[str]:
+        """Every cell's run id (tables are read through these: a row of another config is stale)."""
+        return {c.run_id for c in self.cells()}
+
+    def fleet_descriptions(self) -> dict[str, str]:
+        """``{fleet name: description}`` (the name where there is none)."""
+        return {f.name: f.description or f.name for f in self.fleets}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

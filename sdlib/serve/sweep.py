@@ -115,7 +115,8 @@ def build_stream(cell: ServingCell, pools: dict[str, list], n: Optional[int] = N
     n = cell.traffic.num_requests if n is None else n
     seed = cell.seed if seed is None else seed
     s_arr, s_mix, s_prompt = (int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(3))
-    arr = arrival_times(rate or cell.rate, n, cell.traffic.burstiness, seed=s_arr, start_at_zero=True)
+    arr = arrival_times(rate or cell.rate, n, cell.traffic.burstiness, seed=s_arr, start_at_zero=True,
+                        exact_rate=cell.traffic.exact_rate)
     w = np.array([t.weight for t in cell.mix], dtype=float)
     tasks = np.random.default_rng(s_mix).choice(len(cell.mix), size=n, p=w / w.sum())
     prng = np.random.default_rng(s_prompt)
@@ -436,6 +437,11 @@ def plan_sequential(cells: list[ServingCell], store: ServingStore) -> "OrderedDi
 
 
 def _check_paths(cfg: ServingConfig) -> None:
+    from sdlib.models.shapes import write_shape
+
+    for p in [m.path for m in cfg.models] + [me.model for me in cfg.methods if me.model]:
+        if p.startswith("@shapes/"):  # config-only paper-scale shapes are written on demand
+            write_shape(p[len("@shapes/"):])
     for i, m in enumerate(cfg.models):
         if m.path.startswith(("@", ".", "/")) and not resolve(m.path).exists():
             raise ConfigError(f"models.{i}.path: {resolve(m.path)} does not exist")
