@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make figures   set up, run the embedded sweep (trained models in data/models), write our traces,
-#                  re-execute the notebooks
+#                  run the embedded serving sweep, re-execute the notebooks
 #   make test      set up, run every test (unit, engine, notebooks)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -8,11 +8,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SWEEP ?= configs/embedded_default.yaml
+SERVING ?= configs/embedded_serving.yaml
 TRACE_DATASETS ?= sharegpt code_edit
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep traces notebooks figures test test-fast bench lab strip clean-sweep
+.PHONY: setup models sweep serving traces notebooks figures test test-fast bench bench-serving lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,11 @@ models: setup
 sweep: setup
 	$(PY) -m sdlib sweep $(SWEEP)
 
+# the serving sweep: vLLM's OpenAI server per method, open-loop traffic (10-15 min on 2 cores); finished
+# cells are kept, so with the committed tables it only checks them
+serving: setup
+	$(PY) -m sdlib serve $(SERVING) --quiet
+
 # teacher-forced traces of the trained models along the sweep's greedy outputs (no SD, bs 1): n-gram
 # exact and offline, EAGLE-3 through CPU vLLM (one prefill per output position: 3.5 min for
 # ShareGPT, 6.5 for code_edit on 2 cores). Existing files are kept, as the sweep keeps finished cells.
@@ -50,7 +56,7 @@ notebooks: setup
 	  $(VENV)/bin/papermill --progress-bar "$$nb" "build/notebooks/$$(basename $$nb)" -k python3 || exit 1; \
 	done
 
-figures: sweep traces notebooks
+figures: sweep traces serving notebooks
 
 test: models
 	$(VENV)/bin/python -m pytest -q tests notebooks --nbmake --durations=15
@@ -60,6 +66,9 @@ test-fast: setup
 
 bench: models
 	$(PY) benchmarks/harness_overhead.py
+
+bench-serving: setup
+	$(PY) benchmarks/serving_client_overhead.py
 
 lab: setup
 	$(PIP) install -q -e ".[lab]"

@@ -254,3 +254,21 @@ def test_client_crash_mid_stream_stops_the_server(tmp_path, monkeypatch):
     port = int(started[0].rsplit(":", 1)[1])
     assert port_is_free(port) and not list((tmp_path / "reg").glob("*.json"))
     assert ServingStore(cfg.out_dir).done_ids() == set()
+
+
+def test_concurrent_fleet_runs_both_servers_at_once(tmp_path):
+    from sdlib.serve.sweep import run_serving
+
+    cfg = _serving_cfg(tmp_path, execution="concurrent",
+                       server={"startup_timeout_s": 30, "env_per_server": [{"STUB_SERVER": "0"}, {"STUB_SERVER": "1"}]})
+    store = run_serving(cfg, launcher=stub_launcher, quiet=True, registry_dir=tmp_path / "reg", env=_env())
+    assert store.failures().empty
+    runs = store.read("serve_runs").set_index("label")
+    assert runs.loc["routed", "execution"] == "concurrent" and runs.loc["routed", "completed"] == 10
+    servers = store.read_provenance()["invocations"][-1]["servers"]
+    fleet = [s for s in servers if "routed" in s["label"]]
+    assert len(fleet) == 2 and fleet[0]["port"] != fleet[1]["port"]
+    cnt = store.read("serve_counters")
+    routed = cnt[cnt.run_id == runs.loc["routed", "run_id"]]
+    assert sorted(routed["backend"]) == ["ngram-k3", "none"] and routed["num_requests"].sum() == 10
+    assert not list((tmp_path / "reg").glob("*.json"))

@@ -34,6 +34,9 @@ import pandas as pd
 
 from sdlib.store.schema import SERVE_METRICS, SERVE_PERCENTILES
 
+#: A cell whose client sent its requests later than this (99th percentile of send - scheduled arrival) had a
+#: starved client (a shared machine): its latencies are upper-biased and its gaps partly merged; flagged.
+CLIENT_LAG_LIMIT_S = 0.05
 #: Metrics measured per request (one value each) and per gap (pooled over tokens or messages).
 REQUEST_METRICS = ("ttft", "tpot", "e2e")
 GAP_METRICS = ("itl", "msg_itl")
@@ -135,7 +138,8 @@ def latency_intervals(runs: pd.DataFrame, requests: pd.DataFrame, chunks: pd.Dat
                       by_task: bool = False) -> pd.DataFrame:
     """Tidy percentiles with bootstrap intervals: one row per (cell[, task], metric, percentile).
 
-    Columns: ``run_id, kind, label, rate_rps, [task,] metric, percentile, value_s, lo_s, hi_s, n_requests``.
+    Columns: ``run_id, kind, label, rate_rps, [task,] metric, percentile, value_s, lo_s, hi_s, n_requests,
+    client_lagged`` (the cell's send lag p99 > :data:`CLIENT_LAG_LIMIT_S`).
     """
     rows = []
     meta = runs.set_index("run_id")
@@ -157,7 +161,7 @@ def latency_intervals(runs: pd.DataFrame, requests: pd.DataFrame, chunks: pd.Dat
                     est, lo, hi = bootstrap_percentile(per, q, n_boot, seed)
                     row = {"run_id": rid, "kind": m["kind"], "label": m["label"], "rate_rps": float(m["rate_rps"]),
                            "metric": metric, "percentile": q, "value_s": est, "lo_s": lo, "hi_s": hi,
-                           "n_requests": len(done)}
+                           "n_requests": len(done), "client_lagged": bool(m["send_lag_p99_s"] > CLIENT_LAG_LIMIT_S)}
                     if by_task:
                         row["task"] = task
                     rows.append(row)
@@ -182,7 +186,7 @@ def goodput_table(runs: pd.DataFrame, requests: pd.DataFrame, sla: SLA = SLA()) 
             lo, hi = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
         rate = len(req) / r.duration_s if r.duration_s and r.duration_s > 0 else float("nan")
         rows.append({"run_id": r.run_id, "kind": r.kind, "label": r.label, "rate_rps": r.rate_rps,
-                     "num_servers": r.num_servers, "sla_share": share, "goodput_rps": share * rate,
+                     "num_servers": r.num_servers, "send_lag_p99_s": getattr(r, "send_lag_p99_s", np.nan), "sla_share": share, "goodput_rps": share * rate,
                      "goodput_lo_rps": lo * rate, "goodput_hi_rps": hi * rate,
                      "request_throughput_rps": r.request_throughput_rps, "output_tok_per_s": r.output_tok_per_s})
     return pd.DataFrame(rows)
@@ -204,6 +208,7 @@ def sla_table(intervals: pd.DataFrame, sla: SLA = SLA()) -> pd.DataFrame:
             row[f"{metric}_p{q:g}_lo_ms"] = x["lo_s"] * 1e3
             row[f"{metric}_p{q:g}_hi_ms"] = x["hi_s"] * 1e3
             verdicts.append((x["value_s"] * 1e3 <= limit, x["hi_s"] * 1e3 <= limit or x["lo_s"] * 1e3 > limit))
+        row["client_lagged"] = bool(g["client_lagged"].any()) if "client_lagged" in g else False
         row["meets"] = all(v for v, _ in verdicts)
         row["certain"] = all(c for _, c in verdicts) or any((not v) and c for v, c in verdicts)
         rows.append(row)
@@ -234,6 +239,7 @@ def capacity_table(runs: pd.DataFrame, sla_rows: pd.DataFrame, goodput: pd.DataF
             "rates_measured": ", ".join(f"{x:g}" for x in g["rate_rps"]),
             "max_rate_meeting_sla_rps": float(best["rate_rps"]) if best is not None else float("nan"),
             "certain": bool(best["certain"]) if best is not None else bool(g["certain"].iloc[0]),
+            "client_lagged_at_max": bool(best["client_lagged"]) if best is not None else False,
             "output_tok_per_s_at_max": float(best["output_tok_per_s"]) if best is not None else float("nan"),
             "goodput_rps_at_max": float(best["goodput_rps"]) if best is not None else float("nan"),
             "cost_per_m_output_tokens": cost_per_million_tokens(
@@ -306,6 +312,7 @@ def decision_table(capacity: pd.DataFrame, sla_rows: pd.DataFrame, descriptions:
         rows.append({"option": descriptions.get(c.label, c.label), "fleet": c.label, "servers": c.num_servers,
                      "rates_measured_rps": c.rates_measured,
                      "max_rate_meeting_sla_rps": c.max_rate_meeting_sla_rps, "sla_verdict_certain": c.certain,
+                     "client_lagged_at_max": c.client_lagged_at_max,
                      f"ttft_p{q:g}_ms": t, f"ttft_p{q:g}_ci_ms": tci, f"itl_p{q:g}_ms": i, f"itl_p{q:g}_ci_ms": ici,
                      "output_tok_per_s": c.output_tok_per_s_at_max, "goodput_rps": c.goodput_rps_at_max,
                      "price_per_server_hour": price_per_hour,

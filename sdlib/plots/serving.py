@@ -57,6 +57,14 @@ def _band(ax, d: pd.DataFrame, x: str, label: str, color: str, style: str = "o-"
     y = d["value_s"] * 1e3
     err = np.vstack([(d["value_s"] - d["lo_s"]).clip(lower=0), (d["hi_s"] - d["value_s"]).clip(lower=0)]) * 1e3
     ax.errorbar(d[x], y, yerr=err, fmt=style, color=color, label=label, capsize=3, ms=4, lw=1.3)
+    if "client_lagged" in d and d["client_lagged"].any():  # cells whose client was starved: marked
+        lag = d[d["client_lagged"].astype(bool)]
+        ax.plot(lag[x], lag["value_s"] * 1e3, "x", color="black", ms=7, label="_lag")
+
+
+def _lag_note(ax, d: pd.DataFrame) -> None:
+    if "client_lagged" in d and d["client_lagged"].any():
+        ax.plot([], [], "x", color="black", label="x: client lagged (send lag p99 > 50 ms)")
 
 
 def plot_latency_curves(intervals: pd.DataFrame, title: str, kind: str = "method",
@@ -77,6 +85,7 @@ def plot_latency_curves(intervals: pd.DataFrame, title: str, kind: str = "method
                 s = d[(d["label"] == lab) & (d["metric"] == metric) & (d["percentile"] == q)]
                 if len(s):
                     _band(ax, s, "rate_rps", f"{lab} P{q:g}", colors[lab], styles[q])
+        _lag_note(ax, d[d["metric"] == metric])
         if sla is not None and metric in ("ttft", "itl"):
             lim = sla.ttft_ms if metric == "ttft" else sla.itl_ms
             ax.axhline(lim, color="grey", lw=1, ls=":", label=f"SLA P{sla.percentile:g} {lim:g} ms")
@@ -140,6 +149,7 @@ def plot_design(intervals: pd.DataFrame, runs: pd.DataFrame, sla: SLA, price_per
             s = d[(d["label"] == lab) & (d["metric"] == metric)]
             if len(s):
                 _band(ax, s, "rate_rps", lab, colors[lab])
+        _lag_note(ax, d[d["metric"] == metric])
         ax.axhspan(0, lim, color="green", alpha=0.06, lw=0)
         ax.axhline(lim, color="green", lw=1, ls=":", label=f"SLA {lim:g} ms")
         ax.set_ylim(bottom=0)

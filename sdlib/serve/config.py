@@ -77,6 +77,9 @@ class TrafficConfig:
     repeats: int = Field(1, ge=1)
     seed: int = 0
     request_timeout_s: float = Field(600.0, gt=0)  # one request's whole stream; a request past it is an error
+    # nice value of the client thread while it sends (e.g. -10; needs root or CAP_SYS_NICE, else a warning):
+    # on a machine shared with other jobs they then cannot delay sends and reads; servers keep the default
+    client_nice: Optional[int] = Field(None, ge=-20, le=19)
 
     @field_validator("rates")
     @classmethod
@@ -163,7 +166,7 @@ class ServingCell:
             "kind": self.kind, "model": dataclasses.asdict(self.model),
             "backends": [dataclasses.asdict(b) for b in self.backends], "rule": self.rule, "routes": self.routes,
             "default": self.default, "threshold": self.threshold, "rate": self.rate, "repeat": self.repeat,
-            "traffic": {k: v for k, v in dataclasses.asdict(self.traffic).items() if k not in ("rates",)},
+            "traffic": {k: v for k, v in dataclasses.asdict(self.traffic).items() if k not in ("rates", "client_nice")},
             "mix": [dataclasses.asdict(m) for m in self.mix],
             "model_fingerprint": model_fingerprint(self.model.path),
             "draft_fingerprints": [model_fingerprint(b.model) for b in self.backends],

@@ -20,6 +20,7 @@ Usage:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ import sys
 import threading
 import traceback
 import urllib.request
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +239,26 @@ def cell_summary(cfg: ServingConfig, cell: ServingCell, shares: dict[str, pd.Dat
 # running
 
 
+@contextlib.contextmanager
+def client_priority(nice: Optional[int]):
+    """Run the block with this thread's nice value at ``nice`` (the client), then restore it, so servers
+    started later keep the default priority. Without the permission it warns and goes on."""
+    if nice is None:
+        yield
+        return
+    old = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except PermissionError:
+        warnings.warn(f"traffic.client_nice={nice}: not permitted here; the client runs at nice {old}", stacklevel=3)
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, old)
+
+
 def _get(url: str, timeout_s: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - local URL
         return r.read().decode()
@@ -314,6 +336,7 @@ class ServingRun:
         startup = srv.wait_healthy(self.cfg.server.startup_timeout_s)
         info = {"label": srv.label, "method": cell.backends[server_index].label, "port": srv.port, "cmd": srv.cmd,
                 "startup_s": round(startup, 2), "vllm_version": server_version(srv), "device": device_name(),
+                "load_average": [round(x, 2) for x in os.getloadavg()],
                 "log": str(srv.log_file.relative_to(self.store.dir)), "started_at": utc_now()}
         self.servers_info.append(info)
         self.store.update_invocation(-1, {"servers": self.servers_info})
@@ -323,8 +346,9 @@ class ServingRun:
             warm = build_stream(cell, self.pools[cell.model.name], n=n, rate=1e6, seed=cell.seed + 7919)
             reqs = [ClientRequest(f"warm{i}", 0.0, 0, r.prompt_token_ids, r.max_tokens, r.temperature, r.ignore_eos,
                                   r.seed) for i, r in enumerate(warm)]
-            recs, _ = asyncio.run(run_open_loop(reqs, [srv.url], model=SERVED_NAME,
-                                                timeout_s=self.cfg.traffic.request_timeout_s))
+            with client_priority(self.cfg.traffic.client_nice):
+                recs, _ = asyncio.run(run_open_loop(reqs, [srv.url], model=SERVED_NAME,
+                                                    timeout_s=self.cfg.traffic.request_timeout_s))
             bad = [r.error for r in recs if r.error]
             if bad:
                 raise ServerError(f"{srv.label}: warm-up requests failed: {bad[0]}")
@@ -348,8 +372,9 @@ class ServingRun:
             reqs += client_requests(shares[s][0], [s] * len(shares[s][0]))
         started = utc_now()
         before = {s: read_counters(srv) for s, srv in servers.items()}
-        recs, info = asyncio.run(run_open_loop(reqs, urls, model=SERVED_NAME,
-                                               timeout_s=self.cfg.traffic.request_timeout_s)) if reqs else ([], {})
+        with client_priority(self.cfg.traffic.client_nice):
+            recs, info = asyncio.run(run_open_loop(reqs, urls, model=SERVED_NAME,
+                                                   timeout_s=self.cfg.traffic.request_timeout_s)) if reqs else ([], {})
         after = {s: read_counters(srv) for s, srv in servers.items()}
         by_id = {r.request_id: r for r in recs}
         n_total = max(len(reqs), 1)
@@ -406,7 +431,8 @@ class ServingRun:
                 for w in works:
                     self.fail(w.cell, f"{type(err).__name__}: {err}")
                 return
-            todo = list(OrderedDict((w.cell.run_id, w) for w in works).values())
+            # concurrent: one entry per cell (all its servers at once); sequential: one per (cell, server)
+            todo = list(OrderedDict((w.cell.run_id, w) for w in works).values()) if concurrent else works
             for n, w in enumerate(todo):
                 # sequential: the one server plays server index w.server of this cell
                 mine = servers if concurrent else {w.server: servers[first.server]}
@@ -490,7 +516,8 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
              "cells_planned": len(todo), "cells_already_done": len(store.done_ids()), "models": model_cards(cfg),
              "execution": cfg.execution, "installed_vllm": installed_vllm_version(),
              "client": {"kind": "sdlib.serve.client", "aiohttp": aiohttp.__version__,
-                        "python": sys.version.split()[0]},
+                        "python": sys.version.split()[0], "nice": cfg.traffic.client_nice},
+             "load_average_at_start": list(os.getloadavg()),
              "servers": []}
     store.record_invocation(cfg.to_dict(), entry)
     run = ServingRun(cfg, store, launcher, quiet, env, registry_dir)
