@@ -272,3 +272,21 @@ def test_concurrent_fleet_runs_both_servers_at_once(tmp_path):
     routed = cnt[cnt.run_id == runs.loc["routed", "run_id"]]
     assert sorted(routed["backend"]) == ["ngram-k3", "none"] and routed["num_requests"].sum() == 10
     assert not list((tmp_path / "reg").glob("*.json"))
+
+
+def test_no_garbage_collection_while_sending(stub, monkeypatch):
+    """A full collection walks the whole process (~0.3 s with the sweep's prompt pools) and would stall every
+    stream at once: the client collects before t0 and keeps the collector off until the run ends."""
+    import gc
+
+    srv = stub()
+    seen = []
+    real = C.send_one
+
+    async def spy(*a, **kw):
+        seen.append(gc.isenabled())
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(C, "send_one", spy)
+    C.run_open_loop_sync([C.ClientRequest(f"r{i}", 0.01 * i, 0, [1], 4) for i in range(3)], [srv.url])
+    assert seen == [False] * 3 and gc.isenabled()

@@ -125,7 +125,7 @@ def test_goodput_sla_capacity_and_cost_by_hand():
     s = M.sla_table(pd.DataFrame(rows), sla)
     assert list(s.sort_values("rate_rps")["meets"]) == [True, True, False]
     cap = M.capacity_table(runs, s, g.reset_index(), price_per_hour=3.6).iloc[0]
-    assert cap["max_rate_meeting_sla_rps"] == 2.0
+    assert cap["max_rate_meeting_sla_rps"] == 2.0 and not cap["capacity_censored"]
     # 2 servers x $3.6/h at 1000 tok/s = 7.2 / 3.6e6 tokens -> $2 per million
     assert cap["cost_per_m_output_tokens"] == pytest.approx(2.0)
     assert M.cost_per_million_tokens(1000, 3.6) == pytest.approx(1.0)

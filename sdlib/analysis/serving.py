@@ -238,6 +238,8 @@ def capacity_table(runs: pd.DataFrame, sla_rows: pd.DataFrame, goodput: pd.DataF
             "kind": kind, "label": label, "num_servers": int(g["num_servers"].iloc[0]),
             "rates_measured": ", ".join(f"{x:g}" for x in g["rate_rps"]),
             "max_rate_meeting_sla_rps": float(best["rate_rps"]) if best is not None else float("nan"),
+            # every measured rate met it: the capacity is at least this, not found
+            "capacity_censored": bool(n_ok == len(ok)),
             "certain": bool(best["certain"]) if best is not None else bool(g["certain"].iloc[0]),
             "client_lagged_at_max": bool(best["client_lagged"]) if best is not None else False,
             "output_tok_per_s_at_max": float(best["output_tok_per_s"]) if best is not None else float("nan"),
@@ -293,7 +295,8 @@ def read_serving(store, run_ids: Optional[set[str]] = None) -> dict[str, pd.Data
 def decision_table(capacity: pd.DataFrame, sla_rows: pd.DataFrame, descriptions: dict[str, str],
                    price_per_hour: float, sla: SLA = SLA()) -> pd.DataFrame:
     """The scenario's decision table, one row per fleet (option): servers, the highest measured rate meeting
-    the SLA, the SLA percentiles there (ms, with 95% intervals), output tokens/s, goodput and cost per million
+    the SLA (``capacity_censored``: the highest rate measured still met it, so the capacity is at least
+    that), the SLA percentiles there (ms, with 95% intervals), output tokens/s, goodput and cost per million
     output tokens at ``price_per_hour`` per server. Rows with no rate meeting the SLA show NaN there."""
     q = sla.percentile
     cap = capacity[capacity["kind"] == "fleet"]
@@ -311,7 +314,8 @@ def decision_table(capacity: pd.DataFrame, sla_rows: pd.DataFrame, descriptions:
         (t, tci), (i, ici) = ms("ttft"), ms("itl")
         rows.append({"option": descriptions.get(c.label, c.label), "fleet": c.label, "servers": c.num_servers,
                      "rates_measured_rps": c.rates_measured,
-                     "max_rate_meeting_sla_rps": c.max_rate_meeting_sla_rps, "sla_verdict_certain": c.certain,
+                     "max_rate_meeting_sla_rps": c.max_rate_meeting_sla_rps,
+                     "capacity_censored": c.capacity_censored, "sla_verdict_certain": c.certain,
                      "client_lagged_at_max": c.client_lagged_at_max,
                      f"ttft_p{q:g}_ms": t, f"ttft_p{q:g}_ci_ms": tci, f"itl_p{q:g}_ms": i, f"itl_p{q:g}_ci_ms": ici,
                      "output_tok_per_s": c.output_tok_per_s_at_max, "goodput_rps": c.goodput_rps_at_max,

@@ -48,6 +48,16 @@ def serving_title(store, what: str = "") -> str:
     return f"{what}\n{title}" if what else title
 
 
+def _log_ms(ax) -> None:
+    """Log y axis with plain numbers (ms), not powers of ten."""
+    from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def _colors(labels: Sequence[str]) -> dict[str, str]:
     return {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
 
@@ -89,7 +99,7 @@ def plot_latency_curves(intervals: pd.DataFrame, title: str, kind: str = "method
         if sla is not None and metric in ("ttft", "itl"):
             lim = sla.ttft_ms if metric == "ttft" else sla.itl_ms
             ax.axhline(lim, color="grey", lw=1, ls=":", label=f"SLA P{sla.percentile:g} {lim:g} ms")
-        ax.set_yscale("log")
+        _log_ms(ax)
         ax.set_xlabel("request rate (req/s)" + (" into the fleet" if kind == "fleet" else ""))
         ax.set_ylabel(f"{METRIC_NAMES.get(metric, metric)} (ms)")
         ax.set_title(METRIC_NAMES.get(metric, metric))
@@ -102,15 +112,23 @@ def plot_latency_curves(intervals: pd.DataFrame, title: str, kind: str = "method
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("output tokens/s")
         ax.set_title("throughput")
-    axes[0][0].legend(fontsize=7, loc="best", ncol=1)
+    _legend_below(fig, axes[0][0])
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def _legend_below(fig, ax, ncol: int = 4) -> None:
+    """One legend under the panels (from ``ax``'s lines), so no curve is hidden."""
+    handles, labels = ax.get_legend_handles_labels()
+    keep = [(h, lab) for h, lab in zip(handles, labels) if not lab.startswith("_")]
+    if keep:
+        fig.legend(*zip(*keep), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8, frameon=False)
 
 
 def plot_goodput(goodput: pd.DataFrame, title: str, sla: SLA, kind: Optional[str] = None):
     """Goodput (requests/s meeting TTFT and TPOT limits) vs offered rate, one line per method or fleet, with
     95% bootstrap intervals; the dotted diagonal is the offered rate (every request meets it)."""
-    kinds = [kind] if kind else list(dict.fromkeys(goodput["kind"]))
+    kinds = [kind] if kind else [k for k in ("method", "fleet") if (goodput["kind"] == k).any()]
     fig, axes = new_figure(1, len(kinds), width=5.0, height=3.8)
     for ax, k in zip(axes[0], kinds):
         d = goodput[goodput["kind"] == k]
@@ -127,32 +145,35 @@ def plot_goodput(goodput: pd.DataFrame, title: str, sla: SLA, kind: Optional[str
         ax.set_ylabel("goodput (req/s)")
         ax.set_title(f"{'fleets' if k == 'fleet' else 'one server per method'}: TTFT <= {sla.ttft_ms:g} ms, "
                      f"TPOT <= {sla.itl_ms:g} ms", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
     return fig
 
 
 def plot_design(intervals: pd.DataFrame, runs: pd.DataFrame, sla: SLA, price_per_hour: float, title: str,
-                kind: str = "fleet"):
-    """The design-document figure: the SLA percentile of TTFT and of ITL vs request rate per option (fleet),
-    95% bootstrap intervals, SLA limits shaded, and the cost per million output tokens at ``price_per_hour``
-    per server vs rate (servers x price / output tokens per hour)."""
+                names: Optional[dict[str, str]] = None, kind: str = "fleet"):
+    """The design-document figure: the SLA percentile of TTFT and of ITL vs request rate per option (fleet;
+    ``names``: label -> what to call it), 95% bootstrap intervals, the region within the SLA shaded, and the
+    cost per million output tokens at ``price_per_hour`` per server vs rate (servers x price / output tokens
+    per hour)."""
     from sdlib.analysis.serving import cost_per_million_tokens
 
+    names = names or {}
     q = sla.percentile
     d = intervals[(intervals["kind"] == kind) & (intervals["percentile"] == q)]
-    labels = list(dict.fromkeys(d.sort_values("label", key=lambda s: s != "no-sd-all")["label"]))
+    labels = list(dict.fromkeys(d["label"]))
     colors = _colors(labels)
     fig, axes = new_figure(1, 3, width=4.4, height=3.8)
     for ax, metric, lim in ((axes[0][0], "ttft", sla.ttft_ms), (axes[0][1], "itl", sla.itl_ms)):
         for lab in labels:
             s = d[(d["label"] == lab) & (d["metric"] == metric)]
             if len(s):
-                _band(ax, s, "rate_rps", lab, colors[lab])
+                _band(ax, s, "rate_rps", names.get(lab, lab), colors[lab])
         _lag_note(ax, d[d["metric"] == metric])
-        ax.axhspan(0, lim, color="green", alpha=0.06, lw=0)
-        ax.axhline(lim, color="green", lw=1, ls=":", label=f"SLA {lim:g} ms")
-        ax.set_ylim(bottom=0)
+        _log_ms(ax)
+        lo = ax.get_ylim()[0]
+        ax.axhspan(lo, lim, color="green", alpha=0.07, lw=0)
+        ax.axhline(lim, color="green", lw=1, ls=":", label=f"SLA: P{q:g} <= {lim:g} ms")
         ax.set_xlabel("request rate into the fleet (req/s)")
         ax.set_ylabel(f"P{q:g} {METRIC_NAMES[metric]} (ms)")
         ax.set_title(f"P{q:g} {METRIC_NAMES[metric]}")
@@ -161,11 +182,11 @@ def plot_design(intervals: pd.DataFrame, runs: pd.DataFrame, sla: SLA, price_per
     for lab in labels:
         s = r[r["label"] == lab].sort_values("rate_rps")
         cost = [cost_per_million_tokens(t, price_per_hour, n) for t, n in zip(s["output_tok_per_s"], s["num_servers"])]
-        ax.plot(s["rate_rps"], cost, "o-", color=colors[lab], label=lab)
-    ax.set_yscale("log")
+        ax.plot(s["rate_rps"], cost, "o-", color=colors[lab], label=names.get(lab, lab))
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("request rate into the fleet (req/s)")
-    ax.set_ylabel(f"cost per M output tokens (at {price_per_hour:g}/server-hour)")
-    ax.set_title("cost (price is an input)")
-    axes[0][0].legend(fontsize=7)
+    ax.set_ylabel("cost per million output tokens")
+    ax.set_title(f"cost at {price_per_hour:g} per server-hour (an input)", fontsize=10)
+    _legend_below(fig, axes[0][0], ncol=3)
     fig.suptitle(title, fontsize=9)
     return fig
