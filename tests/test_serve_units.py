@@ -232,6 +232,16 @@ def test_server_command_line():
 # ------------------------------------------------------------------------------------------------ config
 
 
+def test_min_duration_scales_requests_at_high_rates_only():
+    base = {c.label + str(c.rate): c.run_id for c in _cfg().cells()}
+    cfg = _cfg(traffic={"rates": [2, 1], "num_requests": 8, "min_duration_s": 6})
+    cells = {c.label + str(c.rate): c for c in cfg.cells()}
+    assert cells["none1.0"].num_requests == 8 and cells["none2.0"].num_requests == 12
+    assert cells["none1.0"].run_id == base["none1.0"]  # unchanged where min_duration_s adds nothing
+    assert cells["none2.0"].run_id != base["none2.0"]
+    assert cells["routed4.0"].num_requests == 24
+
+
 def test_cells_and_run_ids():
     cfg = _cfg()
     cells = cfg.cells()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -68,7 +69,10 @@ class TrafficConfig:
     """Open-loop arrivals: gamma gaps (``burstiness`` = shape; 1 = Poisson) at each rate, the mix by weight."""
 
     rates: list[float]  # requests/s sent to one server (method cells)
-    num_requests: int = Field(48, ge=1)  # measured requests per cell
+    num_requests: int = Field(48, ge=1)  # measured requests per cell (at least; see min_duration_s)
+    # at least this many seconds of arrivals per cell: requests = max(num_requests, ceil(rate x min_duration_s)),
+    # so high rates reach a steady queue instead of a short burst
+    min_duration_s: Optional[float] = Field(None, gt=0)
     burstiness: float = Field(1.0, gt=0)
     # rescale the gaps so the realised rate equals the requested one (exact conditioning for gamma gaps,
     # sdlib.serve.arrivals); false: free renewal process, the realised rate scatters by ~1/sqrt(n)
@@ -166,12 +170,23 @@ class ServingCell:
             "kind": self.kind, "model": dataclasses.asdict(self.model),
             "backends": [dataclasses.asdict(b) for b in self.backends], "rule": self.rule, "routes": self.routes,
             "default": self.default, "threshold": self.threshold, "rate": self.rate, "repeat": self.repeat,
-            "traffic": {k: v for k, v in dataclasses.asdict(self.traffic).items() if k not in ("rates", "client_nice")},
+            "traffic": {k: v for k, v in dataclasses.asdict(self.traffic).items()
+                        if k not in ("rates", "client_nice", "min_duration_s")},
             "mix": [dataclasses.asdict(m) for m in self.mix],
             "model_fingerprint": model_fingerprint(self.model.path),
             "draft_fingerprints": [model_fingerprint(b.model) for b in self.backends],
         }
+        if self.num_requests != self.traffic.num_requests:  # (so cells that min_duration_s leaves alone keep their ids)
+            d["num_requests"] = self.num_requests
         return d
+
+    @property
+    def num_requests(self) -> int:
+        """Requests in this cell: ``traffic.num_requests``, more at high rates with ``traffic.min_duration_s``."""
+        n = self.traffic.num_requests
+        if self.traffic.min_duration_s:
+            n = max(n, math.ceil(self.rate * self.traffic.min_duration_s - 1e-9))
+        return n
 
     @property
     def run_id(self) -> str:

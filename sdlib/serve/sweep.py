@@ -114,7 +114,7 @@ def build_stream(cell: ServingCell, pools: dict[str, list], n: Optional[int] = N
     """The cell's requests: gamma arrivals at ``cell.rate`` (first at 0), a task per request drawn by weight,
     a prompt drawn uniformly from the task's pool; seeded by ``cell.seed`` (tasks and prompts do not depend on
     the rate)."""
-    n = cell.traffic.num_requests if n is None else n
+    n = cell.num_requests if n is None else n
     seed = cell.seed if seed is None else seed
     s_arr, s_mix, s_prompt = (int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(3))
     arr = arrival_times(rate or cell.rate, n, cell.traffic.burstiness, seed=s_arr, start_at_zero=True,
