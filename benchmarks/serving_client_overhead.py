@@ -5,15 +5,16 @@ For each rate: N = rate x duration requests of ``--tokens`` output tokens, strea
 (one message per engine step, ``--chunks`` tokens per message after the first). Printed per rate and
 arrival process:
 
-* requested / scheduled / sent rate: the scheduled arrivals' realised rate (a finite Poisson sample scatters
-  by ~1/sqrt(N)), and the rate at which the client actually sent them; ``sent/req`` with near-constant gaps
-  (burstiness 1000: gamma with CV 0.03) tests the client alone;
+* requested / scheduled / sent rate: the scheduled arrivals' realised rate, and the rate at which the client
+  actually sent them. Arrivals: near-constant gaps (burstiness 1000: gamma with CV 0.03); free Poisson (its
+  realised rate scatters by ~1/sqrt(N)); Poisson with ``exact_rate`` (the sweep's default: gaps rescaled to
+  the requested rate, sdlib.serve.arrivals). ``sent/sched`` is the client's own fidelity;
 * send lag p50 / p99: how late the client sent a request after its scheduled time;
 * client CPU per request: this process's CPU time / N (parsing every SSE message included);
 * e2e p50 against the stub: the floor the client + loopback + stub add to every latency.
 
 Usage:
-    python benchmarks/serving_client_overhead.py                       # rates 8, 32, 128 req/s, 20 s each
+    python benchmarks/serving_client_overhead.py                       # rates 16, 32, 128 req/s, 20 s each
     python benchmarks/serving_client_overhead.py --rates 8 --duration-s 60
 """
 
@@ -37,9 +38,10 @@ from sdlib.serve.server import Server  # noqa: E402
 from sdlib.store.provenance import device_name  # noqa: E402
 
 
-def run_rate(url: str, rate: float, duration_s: float, burstiness: float, tokens: int, seed: int) -> dict:
+def run_rate(url: str, rate: float, duration_s: float, burstiness: float, tokens: int, seed: int,
+             exact_rate: bool = False) -> dict:
     n = max(int(rate * duration_s), 2)
-    arr = arrival_times(rate, n, burstiness, seed=seed, start_at_zero=True)
+    arr = arrival_times(rate, n, burstiness, seed=seed, start_at_zero=True, exact_rate=exact_rate)
     reqs = [ClientRequest(f"r{i}", float(a), 0, list(range(100 + i % 50, 164 + i % 50)), tokens)
             for i, a in enumerate(arr)]
     recs, info = run_open_loop_sync(reqs, [url])
@@ -56,7 +58,9 @@ def run_rate(url: str, rate: float, duration_s: float, burstiness: float, tokens
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="8,32,128", help="requests/s, comma-separated (8 = the embedded sweep's top)")
+    ap.add_argument("--rates", default="16,32,128",
+                    help="requests/s, comma-separated (16: the most one client run of the embedded sweep sends; "
+                         "32: its top fleet rate; 128: GPU scale)")
     ap.add_argument("--duration-s", type=float, default=20.0, help="seconds of arrivals per rate")
     ap.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     ap.add_argument("--chunks", default="1,3,2,4", help="tokens per stream message after the first (cycled)")
@@ -68,9 +72,9 @@ def main() -> int:
     print(f"{device_name()}, {os.cpu_count()} cores | Python {platform.python_version()}, aiohttp "
           f"{aiohttp.__version__} | stub server answering at once, {a.tokens} tokens per request in messages of "
           f"{a.chunks} | {a.duration_s:g} s of arrivals per row")
-    hdr = (f"{'rate':>6} {'arrivals':>12} {'n':>5} {'scheduled':>9} {'sent':>8} {'sent/req':>8} {'sent/sched':>10} "
+    hdr = (f"{'rate':>6} {'arrivals':>13} {'n':>5} {'scheduled':>9} {'sent':>8} {'sent/req':>8} {'sent/sched':>10} "
            f"{'lag p50':>8} {'lag p99':>8} {'cpu/req':>8} {'e2e p50':>8} {'msgs':>5} {'err':>4}")
-    print(hdr + "\n" + " " * 6 + f" {'':>12} {'':>5} {'req/s':>9} {'req/s':>8} {'':>8} {'':>10} "
+    print(hdr + "\n" + " " * 6 + f" {'':>13} {'':>5} {'req/s':>9} {'req/s':>8} {'':>8} {'':>10} "
           f"{'ms':>8} {'ms':>8} {'ms':>8} {'ms':>8} {'/req':>5}")
     with tempfile.TemporaryDirectory() as tmp:
         srv = Server(lambda port: [sys.executable, "-m", "sdlib.serve.stub", "--port", str(port), "--chunks", a.chunks],
@@ -81,9 +85,10 @@ def main() -> int:
             srv.wait_healthy(60)
             run_rate(srv.url, 20, 1.0, 1000.0, a.tokens, a.seed)  # warm the connection pool and the stub
             for rate in rates:
-                for b, name in ((1000.0, "near-const"), (1.0, "Poisson")):
-                    r = run_rate(srv.url, rate, a.duration_s, b, a.tokens, a.seed)
-                    print(f"{rate:6g} {name:>12} {r['n']:5d} {r['scheduled']:9.2f} {r['sent']:8.2f} "
+                for b, name, exact in ((1000.0, "near-const", False), (1.0, "Poisson free", False),
+                                       (1.0, "Poisson exact", True)):
+                    r = run_rate(srv.url, rate, a.duration_s, b, a.tokens, a.seed, exact)
+                    print(f"{rate:6g} {name:>13} {r['n']:5d} {r['scheduled']:9.2f} {r['sent']:8.2f} "
                           f"{r['sent'] / rate:8.3f} {r['sent'] / r['scheduled']:10.4f} {r['lag_p50_ms']:8.2f} "
                           f"{r['lag_p99_ms']:8.2f} {r['cpu_ms_per_req']:8.2f} {r['e2e_p50_ms']:8.2f} "
                           f"{r['msgs_per_req']:5.1f} {r['errors']:4d}", flush=True)

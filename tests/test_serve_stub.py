@@ -248,9 +248,12 @@ def test_client_crash_mid_stream_stops_the_server(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "run_open_loop", crashing)
     cfg = _serving_cfg(tmp_path, fleets=[], fleet_rates=[], traffic={"rates": [5], "num_requests": 10,
                                                                      "warmup_requests": 1})
+    import gc
+
     with pytest.raises(Boom):
         sweep.run_serving(cfg, launcher=lambda *a: stub_launcher(*a) + ["--step-ms", "50"], quiet=True,
                           registry_dir=tmp_path / "reg", env=_env())
+    assert gc.isenabled()  # the crashed client turned the collector back on
     port = int(started[0].rsplit(":", 1)[1])
     assert port_is_free(port) and not list((tmp_path / "reg").glob("*.json"))
     assert ServingStore(cfg.out_dir).done_ids() == set()

@@ -145,7 +145,8 @@ def plot_goodput(goodput: pd.DataFrame, title: str, sla: SLA, kind: Optional[str
         ax.set_ylabel("goodput (req/s)")
         ax.set_title(f"{'fleets' if k == 'fleet' else 'one server per method'}: TTFT <= {sla.ttft_ms:g} ms, "
                      f"TPOT <= {sla.itl_ms:g} ms", fontsize=9)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=7, frameon=False)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3, fontsize=7, frameon=False)
+        ax.xaxis.labelpad = 2
     fig.suptitle(title, fontsize=9)
     return fig
 

@@ -181,10 +181,10 @@ async def run_open_loop(requests: Sequence[ClientRequest], urls: Sequence[Option
                 t.cancel()
         raise
     finally:
+        if gc_was_enabled:  # first: the await below can itself be cancelled
+            gc.enable()
         if own:
             await session.close()
-        if gc_was_enabled:
-            gc.enable()
     info = {"t0_unix": t0_unix, "client_cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - t0}
     return out, info
 

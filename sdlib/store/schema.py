@@ -131,7 +131,7 @@ TABLES.update({
         ("counter_num_drafts", "Int64", "vllm:spec_decode_num_drafts from /metrics, differenced, summed over servers"),
         ("counter_num_draft_tokens", "Int64", "vllm:spec_decode_num_draft_tokens, same"),
         ("counter_num_accepted_tokens", "Int64", "vllm:spec_decode_num_accepted_tokens, same"),
-        ("client_cpu_s", "float64", "CPU time of the client process during the cell, s"),
+        ("client_cpu_s", "float64", "CPU time of the client process during the cell, s (with one full garbage collection before the first send)"),
         ("status", "string", "ok (no request failed) or errors"),
         ("started_at", "string", "UTC ISO time the cell started"),
     ],
