@@ -331,3 +331,13 @@ def test_share_tables_and_summary_follow_the_schema():
     assert row["output_tokens"] == 8 and row["counter_num_drafts"] == 10
     assert row["duration_s"] == pytest.approx(0.9)  # first arrival 0 -> last token 0.5 + 0.4
     assert row["ttft_p50_s"] == pytest.approx(0.099)
+
+
+def test_provenance_command_lines_carry_no_absolute_paths():
+    from sdlib.paths import REPO_ROOT
+    from sdlib.serve.sweep import portable_cmd
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(REPO_ROOT / "data/models/target"),
+           "--speculative-config", json.dumps({"model": str(REPO_ROOT / "data/models/eagle3")})]
+    out = portable_cmd(cmd)
+    assert out[0] == "python" and out[4] == "data/models/target" and str(REPO_ROOT) not in " ".join(out)

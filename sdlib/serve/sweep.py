@@ -39,7 +39,7 @@ import pandas as pd
 
 from sdlib.analysis.serving import percentile, summarize
 from sdlib.config import ConfigError
-from sdlib.paths import resolve
+from sdlib.paths import REPO_ROOT, resolve
 from sdlib.serve.arrivals import arrival_times, realised_rate
 from sdlib.serve.client import ClientRequest, RequestRecord, run_open_loop
 from sdlib.serve.config import ServingCell, ServingConfig, ServerConfig, load_serving
@@ -259,6 +259,14 @@ def client_priority(nice: Optional[int]):
         os.setpriority(os.PRIO_PROCESS, 0, old)
 
 
+def portable_cmd(cmd: list[str]) -> list[str]:
+    """A command line for provenance: the interpreter as ``python``, paths inside the repository relative to
+    it (provenance carries no absolute paths of the machine that ran it)."""
+    root = str(REPO_ROOT) + os.sep
+    out = [a.replace(root, "") for a in cmd]
+    return (["python"] + out[1:]) if out and out[0] == sys.executable else out
+
+
 def _get(url: str, timeout_s: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - local URL
         return r.read().decode()
@@ -334,7 +342,8 @@ class ServingRun:
     def ready(self, srv: Server, cell: ServingCell, server_index: int) -> None:
         """Wait for /health, record the server in provenance, warm it up."""
         startup = srv.wait_healthy(self.cfg.server.startup_timeout_s)
-        info = {"label": srv.label, "method": cell.backends[server_index].label, "port": srv.port, "cmd": srv.cmd,
+        info = {"label": srv.label, "method": cell.backends[server_index].label, "port": srv.port,
+                "cmd": portable_cmd(srv.cmd),
                 "startup_s": round(startup, 2), "vllm_version": server_version(srv), "device": device_name(),
                 "load_average": [round(x, 2) for x in os.getloadavg()],
                 "log": str(srv.log_file.relative_to(self.store.dir)), "started_at": utc_now()}
@@ -512,7 +521,8 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
 
     import aiohttp
 
-    entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": os.uname().nodename,
+    entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": portable_cmd(sys.argv),
+             "host": os.uname().nodename,
              "cells_planned": len(todo), "cells_already_done": len(store.done_ids()), "models": model_cards(cfg),
              "execution": cfg.execution, "installed_vllm": installed_vllm_version(),
              "client": {"kind": "sdlib.serve.client", "aiohttp": aiohttp.__version__,
