@@ -293,3 +293,41 @@ def test_no_garbage_collection_while_sending(stub, monkeypatch):
     monkeypatch.setattr(C, "send_one", spy)
     C.run_open_loop_sync([C.ClientRequest(f"r{i}", 0.01 * i, 0, [1], 4) for i in range(3)], [srv.url])
     assert seen == [False] * 3 and gc.isenabled()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_of_the_supervisor_stops_its_server(tmp_path, sig):
+    import json
+
+    reg = tmp_path / "reg"
+    script = textwrap.dedent(f"""
+        import sys
+        from sdlib.serve.config import parse_serving
+        from sdlib.serve.sweep import run_serving
+        cfg = parse_serving({{"name": "sig", "results_dir": {str(tmp_path / 'out')!r},
+            "models": [{{"name": "tiny", "path": "@trained/target"}}], "methods": [{{"name": "none"}}],
+            "mix": [{{"task": "c", "workload": {{"dataset": "code_edit", "source": "package", "num_requests": 2,
+                                               "max_output_tokens": 50}}}}],
+            "traffic": {{"rates": [1], "num_requests": 60, "warmup_requests": 0}}}})
+        run_serving(cfg, quiet=True, registry_dir={str(reg)!r},
+                    launcher=lambda m, me, s, port: [sys.executable, "-m", "sdlib.serve.stub", "--port", str(port),
+                                                     "--step-ms", "50"])
+    """)
+    sup = subprocess.Popen([sys.executable, "-c", script], env=_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        entries = []
+        while time.monotonic() < deadline and not entries:
+            entries = [json.loads(p.read_text()) for p in reg.glob("*.json")] if reg.is_dir() else []
+            time.sleep(0.2)
+        assert entries, "the server never registered"
+        time.sleep(3)  # requests in flight
+        sup.send_signal(sig)
+        sup.wait(timeout=60)
+        e = entries[0]
+        assert not group_alive(e["pgid"]) and port_is_free(e["port"])
+        assert not list(reg.glob("*.json"))
+    finally:
+        if sup.poll() is None:
+            sup.kill()
