@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make figures   set up, run the embedded sweep (trained models in data/models), write our traces,
-#                  refit the committed cost models, re-execute the notebooks -> figures/
+#                  refit the committed cost models, run the embedded serving sweep, re-execute
+#                  the notebooks -> figures/
 #   make test      set up, run every test (unit, engine, notebooks via papermill into a temporary folder)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -8,10 +9,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SWEEP ?= configs/embedded_default.yaml
+SERVING ?= configs/embedded_serving.yaml
 TRACE_DATASETS ?= sharegpt code_edit
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep traces costmodels notebooks figures test test-fast bench roofline lab strip clean-sweep
+.PHONY: setup models sweep serving traces costmodels notebooks figures test test-fast bench bench-serving roofline lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +32,11 @@ models: setup
 
 sweep: setup
 	$(PY) -m sdlib sweep $(SWEEP)
+
+# the serving sweep: vLLM's OpenAI server per method, open-loop traffic (10-15 min on 2 cores); finished
+# cells are kept, so with the committed tables it only checks them
+serving: setup
+	$(PY) -m sdlib serve $(SERVING) --quiet
 
 # teacher-forced traces of the trained models along the sweep's greedy outputs (no SD, bs 1): n-gram
 # exact and offline, EAGLE-3 through CPU vLLM (one prefill per output position: 3.5 min for
@@ -51,7 +58,7 @@ costmodels: setup
 notebooks: setup
 	$(PY) -m sdlib.plots.notebooks --out build/notebooks
 
-figures: sweep traces costmodels notebooks
+figures: sweep traces costmodels serving notebooks
 
 # notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary
 # folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py)
@@ -64,6 +71,9 @@ test-fast: setup
 # harness overhead (CPU build, tiny models) -> data/benchmarks/harness_overhead.md (the README links it)
 bench: models
 	$(PY) benchmarks/harness_overhead.py --out data/benchmarks/harness_overhead.md
+
+bench-serving: setup
+	$(PY) benchmarks/serving_client_overhead.py
 
 # GPU box only, in the GPU environment (env.yml): the device's copy bandwidth and bf16 matmul rate for
 # notebook 01's roofline (make roofline ROOFLINE_SWEEP=h200_llama8b -> data/sweeps/h200_llama8b/roofline.json)

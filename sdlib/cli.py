@@ -6,6 +6,7 @@ Usage:
     sdlib status configs/embedded_default.yaml     # cells done / failed / to do / stale
     sdlib clean configs/embedded_default.yaml --stale  # remove the cells of an older config
     sdlib report configs/embedded_default.yaml     # tok/s, speedup and acceptance per cell
+    sdlib serve configs/embedded_serving.yaml      # serving sweep (vLLM OpenAI server) -> data/serving/<name>/
     sdlib models                                   # random-weight tiny models -> .cache/models/
     sdlib train prepare|fit|check|cards ...        # the trained embedded models -> data/models/
     sdlib traces --out data/traces/x.jsonl.gz ...  # teacher-forced acceptance traces of our models
@@ -31,6 +32,8 @@ DELEGATED = {
     "train": ("train, check and describe the embedded models (prepare, fit, check, cards)",
               "sdlib.models.train.cli"),
     "traces": ("write teacher-forced acceptance traces of our models (JSONL + provenance)", "sdlib.run.traces"),
+    "serve": ("serving sweep: vLLM's OpenAI server under open-loop traffic -> data/serving/<name>/",
+              "sdlib.serve.cli"),
     "codeedit": ("print code-edit examples as JSON lines", "sdlib.workloads.codeedit"),
     "selfcheck": ("time the phases of a tiny dummy-weight engine in this process (phase-timer self-check)",
                   "sdlib.vllm.selfcheck"),

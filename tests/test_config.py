@@ -78,11 +78,19 @@ def test_options_pass_through_but_reserved_keys_rejected():
         parse_sweep({**BASE, "methods": [{"name": "ngram", "options": {"method": "eagle"}}]})
 
 
+def _is_serving(p) -> bool:
+    import yaml
+
+    return "traffic" in (yaml.safe_load(p.read_text()) or {})  # a serving sweep (sdlib.serve.config)
+
+
 def test_shipped_configs_validate():
+    from sdlib.serve.config import load_serving
+
     sweeps = [p for p in sorted(CONFIGS_DIR.glob("*.yaml")) if not p.name.endswith(".papermill.yaml")]
     assert sweeps
     for p in sweeps:
-        load_sweep(p)
+        load_serving(p) if _is_serving(p) else load_sweep(p)
 
 
 def test_papermill_files_name_a_shipped_config():
@@ -92,6 +100,10 @@ def test_papermill_files_name_a_shipped_config():
     assert files
     for p in files:
         params = yaml.safe_load(p.read_text())
+        if "SERVING_CONFIG" in params:  # notebook 08 (sdlib.serve)
+            from sdlib.serve.config import load_serving
+
+            load_serving(CONFIGS_DIR.parent / params["SERVING_CONFIG"])
         if params.get("SWEEP_CONFIG") is None:  # draws committed sweeps only (gpu_sweeps.papermill.yaml)
             continue
         assert (CONFIGS_DIR.parent / params["SWEEP_CONFIG"]).is_file(), p.name

@@ -94,6 +94,100 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
     ],
 }
 
+#: Percentiles every serving cell's summary carries (``serve_runs``: ``<metric>_p<q>_s``).
+SERVE_PERCENTILES = (50, 90, 99)
+#: Latency metrics summarised per serving cell: per-request (ttft, tpot, e2e) and per-token (itl) or per
+#: message (msg_itl, vLLM bench's ITL) gaps; definitions in sdlib.analysis.serving.
+SERVE_METRICS = ("ttft", "itl", "msg_itl", "tpot", "e2e")
+
+# The serving sweep's tables (sdlib.serve; data/serving/<name>/). One file per (cell, server share).
+TABLES.update({
+    "serve_runs": [
+        ("run_id", "string", "cell id: model, method or fleet, rate, repeat, config hash"),
+        ("serving", "string", "serving sweep name"),
+        ("model", "string", "target model name"),
+        ("kind", "string", "method (one server) or fleet (one server per entry of backends, a routing rule)"),
+        ("label", "string", "method label (e.g. eagle3-k3) or fleet name"),
+        ("backends", "string", "method label of each server, JSON list (index = server)"),
+        ("num_servers", "Int64", "servers in the cell (the hardware: one server = one device or machine share)"),
+        ("rule", "string", "routing rule: single, round_robin, random, task, overlap"),
+        ("execution", "string", "sequential (one server at a time, each replaying its share) or concurrent"),
+        ("rate_rps", "float64", "requested arrival rate into the cell, requests/s"),
+        ("burstiness", "float64", "gamma shape of the gaps (1 = Poisson)"),
+        ("repeat", "Int64", "repeat index, 0-based"),
+        ("seed", "Int64", "arrival and mix seed (the same for every method and fleet at this rate and repeat)"),
+        ("num_requests", "Int64", "requests sent (warm-up excluded)"),
+        ("completed", "Int64", "requests that streamed to the end without error"),
+        ("failed", "Int64", "requests with an error (serve_requests.error)"),
+        ("scheduled_rate_rps", "float64", "realised rate of the scheduled arrivals: (n - 1) / (last - first)"),
+        ("sent_rate_rps", "float64", "realised rate of the sends the client made, same formula"),
+        ("send_lag_p99_s", "float64", "99th percentile of send - scheduled arrival, s (client lag)"),
+        ("duration_s", "float64", "first scheduled arrival to last token, s (stream time)"),
+        ("request_throughput_rps", "float64", "completed / duration_s"),
+        ("output_tokens", "Int64", "output tokens of completed requests (usage.completion_tokens)"),
+        ("output_tok_per_s", "float64", "output_tokens / duration_s"),
+        *[(f"{m}_p{q}_s", "float64", f"{q}th percentile of {m} over completed requests, s (sdlib.analysis.serving)")
+          for m in SERVE_METRICS for q in SERVE_PERCENTILES],
+        ("counter_num_drafts", "Int64", "vllm:spec_decode_num_drafts from /metrics, differenced, summed over servers"),
+        ("counter_num_draft_tokens", "Int64", "vllm:spec_decode_num_draft_tokens, same"),
+        ("counter_num_accepted_tokens", "Int64", "vllm:spec_decode_num_accepted_tokens, same"),
+        ("client_cpu_s", "float64", "CPU time of the client process during the cell, s (with one full garbage collection before the first send)"),
+        ("status", "string", "ok (no request failed) or errors"),
+        ("started_at", "string", "UTC ISO time the cell started"),
+    ],
+    "serve_requests": [
+        ("run_id", "string", "cell id (serve_runs.run_id)"),
+        ("request_id", "string", "request id inside the cell (the same request in every cell of one rate and repeat)"),
+        ("server", "Int64", "index of the server it was routed to (serve_runs.backends)"),
+        ("backend", "string", "method label of that server"),
+        ("task", "string", "task of the mix (e.g. chat, reasoning, code_edit)"),
+        ("dataset", "string", "workload the prompt came from"),
+        ("prompt_index", "Int64", "index of the prompt in the task's prompt pool"),
+        ("overlap_score", "float64", "prompt-overlap score at admission (sdlib.serve.router.prompt_overlap_score)"),
+        ("arrival_s", "float64", "scheduled arrival since the cell's start, s"),
+        ("send_s", "float64", "when the client sent it, since the cell's start, s"),
+        ("first_token_s", "float64", "first message carrying a token, since the cell's start, s"),
+        ("finish_s", "float64", "last message carrying a token, since the cell's start, s"),
+        ("ttft_s", "float64", "first_token_s - send_s, s"),
+        ("e2e_s", "float64", "finish_s - send_s, s"),
+        ("tpot_s", "float64", "(e2e_s - ttft_s) / (output_tokens - 1), s (= mean per-token ITL)"),
+        ("prompt_tokens", "Int64", "usage.prompt_tokens"),
+        ("output_tokens", "Int64", "usage.completion_tokens"),
+        ("max_tokens", "Int64", "the request's max_tokens"),
+        ("num_messages", "Int64", "stream messages that carried tokens (serve_chunks rows)"),
+        ("finish_reason", "string", "length or stop"),
+        ("server_queue_s", "float64", "server's queue time (per-request metrics), s; null if not reported"),
+        ("num_drafts", "Int64", "verify steps that drafted (server per-request metrics; null if not reported)"),
+        ("num_draft_tokens", "Int64", "tokens drafted for the request (same)"),
+        ("num_accepted_tokens", "Int64", "draft tokens accepted (same)"),
+        ("error", "string", "why the request failed (null if it did not)"),
+    ],
+    "serve_chunks": [
+        ("run_id", "string", "cell id"),
+        ("request_id", "string", "request id"),
+        ("message", "Int64", "index of the token-bearing stream message within the request, 0-based"),
+        ("t_s", "float64", "arrival of the message since the request was sent, s (message 0: the TTFT)"),
+        ("num_tokens", "Int64", "tokens in the message (one engine step: 1 + accepted under SD)"),
+    ],
+    "serve_counters": [
+        ("run_id", "string", "cell id"),
+        ("server", "Int64", "server index"),
+        ("backend", "string", "method label of the server"),
+        ("num_requests", "Int64", "requests this server got in the cell"),
+        ("span_s", "float64", "first send to last token of this server's requests, s"),
+        ("num_drafts", "Int64", "vllm:spec_decode_num_drafts, /metrics after - before this server's share"),
+        ("num_draft_tokens", "Int64", "vllm:spec_decode_num_draft_tokens, differenced"),
+        ("num_accepted_tokens", "Int64", "vllm:spec_decode_num_accepted_tokens, differenced"),
+        ("accepted_per_pos", "string", "vllm:spec_decode_num_accepted_tokens_per_pos, differenced, JSON list"),
+        ("generation_tokens", "Int64", "vllm:generation_tokens, differenced"),
+        ("prompt_tokens", "Int64", "vllm:prompt_tokens, differenced"),
+        ("num_preemptions", "Int64", "vllm:num_preemptions, differenced"),
+        ("client_cpu_s", "float64", "CPU time of the client process while it sent this share, s"),
+        ("started_at", "string", "UTC ISO time this server's share started"),
+    ],
+})
+
+
 def columns(table: str) -> list[str]:
     """Column names of ``table`` in order."""
     return [c for c, _, _ in TABLES[table]]
