@@ -13,7 +13,7 @@ SERVING ?= configs/embedded_serving.yaml
 TRACE_DATASETS ?= sharegpt code_edit
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep serving traces costmodels notebooks figures test test-fast bench bench-serving roofline lab strip clean-sweep
+.PHONY: setup models sweep serving traces costmodels predictor notebooks figures test test-fast bench bench-serving roofline lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,12 +53,17 @@ traces: setup
 costmodels: setup
 	$(PY) -m sdlib.sim.costfit --committed
 
+# the online policy's acceptance predictor, cross-fitted on the authors' traces (notebook 07 reads it)
+predictor: setup
+	$(PY) -m sdlib simulate --traces reference --policies online --batch-sizes 1 --fit-predictor \
+	  --save-predictor data/predictors/online_reference.json --out build/predictor_fit.csv
+
 # every notebook run that writes figures/ (sdlib/plots/notebooks.py: each notebook with its defaults, and
 # notebooks 01-02 with configs/gpu_sweeps.papermill.yaml); executed copies in build/notebooks
 notebooks: setup
 	$(PY) -m sdlib.plots.notebooks --out build/notebooks
 
-figures: sweep traces costmodels serving notebooks
+figures: sweep traces costmodels predictor serving notebooks
 
 # notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary
 # folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py)

@@ -25,15 +25,15 @@ def main() -> int:
     args = ap.parse_args()
 
     from sdlib.paths import resolve
-    from sdlib.sim.arctic import _cache_path, add_suffix_features
-    from sdlib.sim.features import add_features
+    from sdlib.sim.policy.arctic import _cache_path, add_suffix_features
+    from sdlib.sim.policy.features import add_features
     from sdlib.sim.oracle import prepare_traces
-    from sdlib.sim.policy_sim import PolicyInputs
-    from sdlib.sim.policy_table import expand_policies, simulate_policies, summarise
+    from sdlib.sim.policy.walk import PolicyInputs
+    from sdlib.sim.policy.table import expand_policies, simulate_policies, summarise
     from sdlib.sim.replay import truncate_traces
-    from sdlib.sim.simulate_cli import REFERENCE_PREDICTOR, cost_model_of
+    from sdlib.sim.policy.cli import REFERENCE_PREDICTOR, cost_model_of
     from sdlib.sim.traces import load_reference_traces
-    from sdlib.sim.training import load_predictor
+    from sdlib.sim.policy.training import load_predictor
 
     times = {}
     t = time.perf_counter()

@@ -41,7 +41,7 @@ DELEGATED = {
               "sdlib.sim.closed_form"),
     "report": ("tok/s, speedup (95%% intervals) and acceptance length per cell of a sweep", "sdlib.run.report"),
     "simulate": ("simulate per-step policies, baselines and oracle bounds on acceptance traces (CSV)",
-                 "sdlib.sim.simulate_cli"),
+                 "sdlib.sim.policy.cli"),
 }
 
 

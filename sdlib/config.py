@@ -90,8 +90,19 @@ def _key_dict(obj) -> dict[str, Any]:
     return {k: v for k, v in d.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
 
 
+#: What a name that becomes part of a file name may hold (sweep, dataset, task, fleet names).
+NAME_CHARS = r"A-Za-z0-9_.-"
+
+
 def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-")
+    return re.sub(rf"[^{NAME_CHARS}]+", "-", s).strip("-")
+
+
+def check_name(v: str, what: str = "name") -> str:
+    """``v`` if it holds only :data:`NAME_CHARS`, else ValueError (the message pydantic shows)."""
+    if not re.fullmatch(rf"[{NAME_CHARS}]+", v):
+        raise ValueError(f"{what} {v!r}: use only letters, digits, '_', '.', '-'")
+    return v
 
 
 @dataclass(config=_STRICT)
@@ -143,7 +154,7 @@ class MethodConfig:
                 raise ValueError(f"replay: {self.replay!r} is not one of {list(POLICIES)}")
             if self.name not in TRACE_OF_METHOD:
                 raise ValueError(f"replay: method {self.name!r} cannot replay (one of {sorted(TRACE_OF_METHOD)})")
-            from sdlib.sim.replay_policies import POLICY_METHODS
+            from sdlib.sim.policy.replay_plans import POLICY_METHODS
 
             if self.replay in POLICY_METHODS and self.name not in POLICY_METHODS[self.replay]:
                 raise ValueError(f"replay: {self.replay!r} replays on {list(POLICY_METHODS[self.replay])}, "
@@ -231,8 +242,8 @@ class WorkloadConfig:
                 raise ValueError("dataset 'custom' needs 'name' (what tables and figures call it)")
             if not self.path or self.source not in ("auto", "local"):
                 raise ValueError("dataset 'custom' needs 'path' (a JSONL file; see README, 'Your own data')")
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
-            raise ValueError(f"name {self.name!r}: use only letters, digits, '_', '.', '-'")
+        if self.name is not None:
+            check_name(self.name)
         return self
 
     @property
@@ -346,9 +357,7 @@ class SweepConfig:
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
-            raise ValueError("use only letters, digits, '_', '.', '-'")
-        return v
+        return check_name(v)
 
     @field_validator("batch_sizes")
     @classmethod

@@ -80,10 +80,10 @@ def _sweep_rule(f: str) -> str:
 
 
 def _costmodel_rule(f: str) -> str:
-    from sdlib.sim.costfit import COMMITTED_FITS
+    from sdlib.sim.costfit import COMMITTED_ENGINE_FITS, COMMITTED_FITS
 
-    if f not in COMMITTED_FITS:
-        return f"{f}: not in sdlib.sim.costfit.COMMITTED_FITS (make costmodels)"
+    if f not in COMMITTED_FITS and f not in COMMITTED_ENGINE_FITS:
+        return f"{f}: not in sdlib.sim.costfit.COMMITTED_FITS or COMMITTED_ENGINE_FITS (make costmodels)"
     prod = _json(REPO_ROOT / f).get("meta", {}).get("producer", "")
     return "" if prod.startswith("make costmodels") else f"{f}: meta.producer is {prod!r}"
 
@@ -119,6 +119,44 @@ def _models_rule(f: str) -> str:
     return "" if card.exists() and _json(card).get("component") == comp else f"{f}: no model card naming {comp!r}"
 
 
+SERVE_TABLE_DIRS = {"serve_runs", "serve_requests", "serve_chunks", "serve_counters", "failures"}
+
+
+def _serving_rule(f: str) -> str:
+    """data/serving/<name>/... <- `sdlib serve configs/<name>.yaml`: the config exists, provenance.json names the
+    sweep and every invocation ran `serve` on that config; a per-cell file belongs to a finished cell."""
+    m = re.fullmatch(r"data/serving/([^/]+)/(.+)", f)
+    name, rest = m.group(1), m.group(2)
+    folder = REPO_ROOT / "data" / "serving" / name
+    if not (REPO_ROOT / "configs" / f"{name}.yaml").exists():
+        return f"{f}: no configs/{name}.yaml (sdlib serve writes data/serving/<config name>/)"
+    prov = _json(folder / "provenance.json") if (folder / "provenance.json").exists() else {}
+    if prov.get("sweep") != name:
+        return f"{f}: {folder / 'provenance.json'} does not name sweep {name!r}"
+    for inv in prov.get("invocations", []):
+        argv = inv.get("argv", [])
+        if "serve" not in argv or not any(str(a).endswith(f"{name}.yaml") for a in argv):
+            return f"{f}: an invocation in provenance.json is not `sdlib serve configs/{name}.yaml`: {argv}"
+    top = rest.split("/")[0]
+    if rest == "provenance.json" or top == "logs":
+        return ""
+    if top in SERVE_TABLE_DIRS:
+        stem = re.sub(r"\.(parquet|json)$", "", Path(rest).name)
+        run_id = re.sub(r"__s\d+$", "", stem)  # per-server files: <run_id>__s<i>
+        if top != "failures" and not (folder / "serve_runs" / f"{run_id}.parquet").exists():
+            return f"{f}: belongs to no finished cell (no serve_runs/{run_id}.parquet)"
+        return ""
+    return f"{f}: not a file `sdlib serve` writes"
+
+
+def _predictor_rule(f: str) -> str:
+    """data/predictors/<name>.json <- `sdlib simulate ... --save-predictor data/predictors/<name>.json`."""
+    prod = _json(REPO_ROOT / f).get("info", {}).get("producer", "")
+    if not prod.startswith("sdlib simulate") or f"--save-predictor {f}" not in prod:
+        return f"{f}: info.producer is not an `sdlib simulate ... --save-predictor {f}` command: {prod!r}"
+    return ""
+
+
 def _bench_rule(f: str) -> str:
     first = (REPO_ROOT / f).read_text().splitlines()[:3]
     return "" if any("make bench" in ln for ln in first) else f"{f}: its first lines do not name `make bench`"
@@ -130,6 +168,8 @@ DATA_RULES = [
     (r"data/traces/[^/]+\.(jsonl\.gz|provenance\.json)", _trace_rule),
     (r"data/models/.+", _models_rule),
     (r"data/benchmarks/[^/]+\.md", _bench_rule),
+    (r"data/serving/[^/]+/.+", _serving_rule),
+    (r"data/predictors/[^/]+\.json", _predictor_rule),
 ]
 
 
@@ -157,6 +197,7 @@ def test_an_unproduced_data_file_is_caught():
     assert data_orphans(["data/sweeps/h200_llama8b/notes.txt"])  # not a file `sdlib sweep` writes
     assert data_orphans(["data/sweeps/h200_llama8b/steps/not_a_cell.parquet"])  # no finished cell
     assert data_orphans(["data/elsewhere/x.csv"])  # no rule at all
+    assert data_orphans(["data/serving/embedded_serving/serve_requests/not_a_cell.parquet"])
     assert not data_orphans(["data/reference/specdecode-bench-llama3.1-8b/SOURCE.md"])  # an allowed input
 
 

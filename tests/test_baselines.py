@@ -1,15 +1,15 @@
-"""sdlib.sim.baselines and sdlib.sim.arctic: each rule on hand-made traces, with the steps worked out in the
+"""sdlib.sim.policy.baselines and sdlib.sim.policy.arctic: each rule on hand-made traces, with the steps worked out in the
 comments; the suffix score against the test vectors produced by Arctic's own C++ (notes/baselines.md)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.sim.arctic import suffix_draft, suffix_scores
-from sdlib.sim.baselines import (NgramOrEagle, SGLangAdaptive, SpecDecodeAdaptive, baseline_steps, dynamic_sd_k,
+from sdlib.sim.policy.arctic import suffix_draft, suffix_scores
+from sdlib.sim.policy.baselines import (NgramOrEagle, SGLangAdaptive, SpecDecodeAdaptive, baseline_steps, dynamic_sd_k,
                                  sglang_recompute, sglang_recompute_many, sglang_slot)
 from sdlib.sim.oracle import prepare_traces
-from sdlib.sim.policy_sim import EAGLE, NGRAM, NONE, PolicyInputs, walk
+from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs, walk
 
 
 def inputs(prompt, output, ng, eg):

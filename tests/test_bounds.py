@@ -141,6 +141,8 @@ def test_find_and_load_cost_models(tmp_path):
     assert [m.name for m in models] == [AUTHORS_H100_LLAMA8B.name, "toy"]
     assert [m.name for m in load_cost_models(files, first=None)] == ["toy"]
     assert find_cost_models([str(tmp_path / "none_*.json")]) == []
+    (tmp_path / "engine.json").write_text('{"kind": "engine", "name": "engine"}')  # not linear: left out
+    assert [m.name for m in load_cost_models(find_cost_models([str(tmp_path / "*.json")]), first=None)] == ["toy"]
 
 
 # ---------------------------------------------------------------------------

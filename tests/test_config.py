@@ -115,6 +115,23 @@ def test_missing_file():
         load_sweep("configs/does_not_exist.yaml")
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (CONFIGS_DIR.parent / "data" / "sweeps").iterdir() if p.is_dir()))
+def test_every_committed_sweep_is_its_configs_cells(name):
+    """Each committed sweep holds exactly its config's current cells, all done: a config or sdlib change that
+    renames cells (a rerun would redo them, the notebooks would read nothing) fails here. Fix: `sdlib rekey`."""
+    from sdlib.store import SweepStore
+
+    sweep = load_sweep(CONFIGS_DIR / f"{name}.yaml")
+    assert {c.run_id for c in sweep.cells()} == SweepStore(sweep.out_dir).done_ids()
+
+
+def test_committed_serving_sweep_cells_keep_their_run_ids():
+    from sdlib.serve.config import load_serving
+
+    cfg = load_serving(CONFIGS_DIR / "embedded_serving.yaml")
+    assert set(cfg.run_ids()) == {p.stem for p in (cfg.out_dir / "serve_runs").glob("*.parquet")}
+
+
 def test_committed_embedded_sweep_cells_keep_their_run_ids():
     """Adding config fields must not change the run ids of committed results (a rerun would redo them)."""
     from sdlib.store import SweepStore

@@ -1,4 +1,4 @@
-"""sdlib.sim.policy_sim / policies / predictor / features / policy_table on hand-made traces: step sequences,
+"""sdlib.sim.policy: walk / online / predictor / features / table on hand-made traces: step sequences,
 prices and gap shares worked out in the comments."""
 
 import numpy as np
@@ -7,14 +7,14 @@ import pytest
 
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.engine_costs import EngineCostModel
-from sdlib.sim.features import ngram_match_features, share_so_far
+from sdlib.sim.policy.features import ngram_match_features, share_so_far
 from sdlib.sim.oracle import prepare_traces, step_records
-from sdlib.sim.policies import OnlinePolicy
-from sdlib.sim.policy_sim import (EAGLE, NGRAM, NONE, Policy, PolicyInputs, from_step_records, no_sd_times,
+from sdlib.sim.policy.online import OnlinePolicy
+from sdlib.sim.policy.walk import (EAGLE, NGRAM, NONE, Policy, PolicyInputs, from_step_records, no_sd_times,
                                   request_times, step_seconds, walk)
-from sdlib.sim.policy_table import expand_policies, simulate_policies, summarise
-from sdlib.sim.predictor import DEPTH, FEATURES, HazardModel, fit_hazard, hazard_rows
-from sdlib.sim.training import fold_of
+from sdlib.sim.policy.table import expand_policies, simulate_policies, summarise
+from sdlib.sim.policy.predictor import DEPTH, FEATURES, HazardModel, fit_hazard, hazard_rows
+from sdlib.sim.policy.training import fold_of
 
 # T(kv, n) = 1 + 0.1*n, EAGLE drafting 0.5 s, n-gram drafting 0.1*T, no overhead
 CM = CostModel(name="toy", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0, eagle_n_s=0.0,
@@ -141,7 +141,7 @@ def const_model(p):
 
 
 def test_online_policy_decides_by_expected_tokens_per_second():
-    from sdlib.sim.features import add_features
+    from sdlib.sim.policy.features import add_features
 
     prep = prep_one()
     inp = PolicyInputs.of(prep)
@@ -196,7 +196,7 @@ def test_simulate_policies_small_table():
 
 def test_position_steps_equal_step_records():
     """The fast grid walks of fixed k, Oracle Proposal and Combine are the simulator's own step sequences."""
-    from sdlib.sim.policy_sim import position_steps
+    from sdlib.sim.policy.walk import position_steps
 
     rng = np.random.default_rng(2)
     rows = []

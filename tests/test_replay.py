@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sdlib.config import ConfigError, parse_sweep
-from sdlib.run.replay import check_cell, drafted_per_step
+from sdlib.run.replay import ReplayOffPlan, check_cell, drafted_per_step, raise_if_off_plan
 from sdlib.sim.oracle import prepare_traces
 from sdlib.sim.replay import replay_plans, truncate_traces
 from sdlib.vllm.replay import drafts, plan_key
@@ -117,6 +117,9 @@ def test_check_cell_exact_and_broken(padded):
     off = dict(_counters([plan, plan], 3, padded), num_accepted_tokens=0)
     assert not check_cell(_result(plan), {0: plan}, off, 3, padded)["counters_equal"]
     assert drafted_per_step(plan, 3, padded)[1] == (3 if padded else 0)
+    raise_if_off_plan(good)  # exact: no error
+    with pytest.raises(ReplayOffPlan, match="1 of 2 requests"):  # the worker records the cell as failed
+        raise_if_off_plan(bad)
 
 
 BASE = {"name": "r", "models": [{"path": "/m", "load_format": "dummy"}],

@@ -1,4 +1,4 @@
-"""Replay plans of the per-step policies (sdlib.sim.replay_policies): consistent with the engine hooks'
+"""Replay plans of the per-step policies (sdlib.sim.policy.replay_plans): consistent with the engine hooks'
 contract on hand-made traces, and made for every replay cell of configs/h200_online.yaml without an engine."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from sdlib.config import ConfigError, load_sweep, parse_sweep
 from sdlib.sim.oracle import prepare_traces
 from sdlib.sim.replay import STEP_POLICIES, replay_plans, truncate_traces
-from sdlib.sim.replay_policies import POLICY_METHODS
+from sdlib.sim.policy.replay_plans import POLICY_METHODS
 
 
 def _prep():

@@ -25,7 +25,7 @@ Usage:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -39,6 +39,33 @@ DEFAULT_K = 8
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
+def window_hashes(tok: np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit hash of every length-``n`` window of ``tok`` (uint64; one per start, ``len(tok) - n + 1``)."""
+    N = len(tok)
+    h = np.zeros(N - n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * _MULT + tok[j:N - n + 1 + j] + np.uint64(1)
+    return h
+
+
+def suffix_ngram_passes(prompt: Sequence[int], output: Sequence[int], nmin: int, nmax: int
+                        ) -> tuple[np.ndarray, Iterator[tuple[int, np.ndarray, np.ndarray]]]:
+    """The look-up's passes over context = prompt + output[:p] for every output position p at once:
+    ``(ctx, passes)`` with ``ctx[p] = len(prompt) + p`` and, for n from ``nmax`` down to ``nmin`` (longest
+    first, as vLLM tries them), ``(n, hashes of every n-window of prompt + output, start of position p's
+    suffix n-gram = ctx - n)``."""
+    tok = np.concatenate([np.asarray(prompt, dtype=np.uint64), np.asarray(output, dtype=np.uint64)])
+    ctx = len(prompt) + np.arange(len(output))
+
+    def passes():
+        for n in range(nmax, nmin - 1, -1):
+            if len(tok) - n + 1 > 0:
+                yield n, window_hashes(tok, n), ctx - n
+
+    return ctx, passes()
+
+
 def ngram_lookup_lengths(prompt: Sequence[int], output: Sequence[int], nmin: int = NGRAM_MIN,
                          nmax: int = NGRAM_MAX, max_k: int = TRACE_MAX_K) -> np.ndarray:
     """Per output position ``p``: tokens vLLM's n-gram (prompt-lookup) proposer can propose, 0 = no match.
@@ -48,27 +75,18 @@ def ngram_lookup_lengths(prompt: Sequence[int], output: Sequence[int], nmin: int
     and the continuation after it (capped at ``max_k``) is the proposal. On the
     reference traces this lookup with ``max_k=20`` reproduces ``acc_ngram`` exactly.
     """
-    tok = np.concatenate([np.asarray(prompt, dtype=np.uint64), np.asarray(output, dtype=np.uint64)])
-    P, L, N = len(prompt), len(output), len(tok)
-    ctx = P + np.arange(L)
-    avail = np.zeros(L, dtype=np.int64)
-    found = np.zeros(L, dtype=bool)
-    with np.errstate(over="ignore"):
-        for n in range(nmax, nmin - 1, -1):
-            if N - n + 1 <= 0:
-                continue
-            h = np.zeros(N - n + 1, dtype=np.uint64)
-            for j in range(n):
-                h = h * _MULT + tok[j:N - n + 1 + j] + np.uint64(1)
-            _, first_idx, inv = np.unique(h, return_index=True, return_inverse=True)
-            first = first_idx[inv.ravel()]
-            s = ctx - n
-            cand = np.flatnonzero((s >= 0) & ~found)
-            i = first[s[cand]]
-            hit = i < s[cand]
-            idx = cand[hit]
-            avail[idx] = np.minimum(ctx[idx] - (i[hit] + n), max_k)
-            found[idx] = True
+    ctx, passes = suffix_ngram_passes(prompt, output, nmin, nmax)
+    avail = np.zeros(len(output), dtype=np.int64)
+    found = np.zeros(len(output), dtype=bool)
+    for n, h, s in passes:
+        _, first_idx, inv = np.unique(h, return_index=True, return_inverse=True)
+        first = first_idx[inv.ravel()]
+        cand = np.flatnonzero((s >= 0) & ~found)
+        i = first[s[cand]]
+        hit = i < s[cand]
+        idx = cand[hit]
+        avail[idx] = np.minimum(ctx[idx] - (i[hit] + n), max_k)
+        found[idx] = True
     return avail
 
 

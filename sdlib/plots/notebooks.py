@@ -52,6 +52,8 @@ RUNS = [
     NotebookRun("04_bleu_ngram"),
     NotebookRun("05_oracle_bounds"),
     NotebookRun("06_trace_replay"),
+    NotebookRun("07_online_policy"),
+    NotebookRun("08_serving"),
 ]
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 from sdlib.plots.style import new_figure
 
 DRAFTER_COLORS = {"ngram": "C1", "eagle3": "C0", "none": "0.6"}
-#: ``policy`` of the rows of :func:`sdlib.sim.policy_views.choices` that hold the traces at every position.
+#: ``policy`` of the rows of :func:`sdlib.sim.policy.views.choices` that hold the traces at every position.
 TRACE = "trace"
 
 

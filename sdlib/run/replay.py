@@ -21,7 +21,7 @@ import pandas as pd
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
 from sdlib.sim.oracle import prepare_traces
 from sdlib.sim.replay import RequestPlan, replay_plans, truncate_traces
-from sdlib.sim.replay_policies import MIXED
+from sdlib.sim.policy.replay_plans import MIXED
 from sdlib.vllm.replay import ReplayPlans
 
 
@@ -90,3 +90,16 @@ def check_cell(result, by_index: dict[int, RequestPlan], counters: dict[str, Any
             "counters_expected": want, "counters_measured": got, "counters_equal": want == got,
             "runner_padded_to_k": padded, "hooks": hook_stats or {},
             "exact": not bad and want == got}
+
+
+class ReplayOffPlan(RuntimeError):
+    """The engine did not do what a replayed cell's plans prescribe (the cell is recorded as failed)."""
+
+
+def raise_if_off_plan(check: dict[str, Any]) -> None:
+    """:class:`ReplayOffPlan` with what differed, unless :func:`check_cell` found the cell exact."""
+    if check["exact"]:
+        return
+    raise ReplayOffPlan(f"replay off plan: {check['requests_off_plan']} of {check['requests']} requests gained other "
+                        f"tokens per step than planned (e.g. {check['off_plan_examples']}); vLLM's counters "
+                        f"{check['counters_measured']} vs planned {check['counters_expected']}")

@@ -154,6 +154,7 @@ def run_group(spec: dict[str, Any]) -> int:
                 padded = replay_kind == "v2"
                 K = cell.method.num_spec_tokens
                 check = rr.check_cell(result, by_index, counters, K, padded, hook_stats=vr.stats(llm))
+                rr.raise_if_off_plan(check)  # a replay that drifted from its plan is a failure, not a number
                 store.write_json(f"replay/{cell.run_id}.json", check)
                 replay = {i: rr.drafted_per_step(p, K, padded) for i, p in by_index.items()}
             tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,

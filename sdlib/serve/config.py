@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -33,7 +32,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from sdlib.config import ConfigError, MethodConfig, ModelConfig, WorkloadConfig, _one_line, _slug, model_fingerprint
+from sdlib.config import (ConfigError, MethodConfig, ModelConfig, WorkloadConfig, _one_line, _slug, check_name,
+                          model_fingerprint)
 from sdlib.paths import DATA_DIR, resolve
 
 #: Where serving sweeps write by default: ``data/serving/<name>/``.
@@ -59,9 +59,19 @@ class TaskMix:
     @field_validator("task")
     @classmethod
     def _task(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
-            raise ValueError("use only letters, digits, '_', '.', '-'")
-        return v
+        return check_name(v, "task")
+
+
+#: Workload fields added after the embedded serving sweep was committed: left out of a cell's key while they
+#: hold their default, so committed cells keep their run ids.
+_WORKLOAD_FIELDS_ADDED = {"name": None}
+
+
+def _mix_key(m: TaskMix) -> dict[str, Any]:
+    d = dataclasses.asdict(m)
+    d["workload"] = {k: v for k, v in d["workload"].items()
+                     if not (k in _WORKLOAD_FIELDS_ADDED and v == _WORKLOAD_FIELDS_ADDED[k])}
+    return d
 
 
 @dataclass(config=_STRICT)
@@ -113,8 +123,7 @@ class FleetConfig:
 
     @model_validator(mode="after")
     def _check(self) -> "FleetConfig":
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
-            raise ValueError(f"name: {self.name!r}: use only letters, digits, '_', '.', '-'")
+        check_name(self.name)
         n = len(self.servers)
         if n < 1:
             raise ValueError("servers: at least one")
@@ -172,7 +181,7 @@ class ServingCell:
             "default": self.default, "threshold": self.threshold, "rate": self.rate, "repeat": self.repeat,
             "traffic": {k: v for k, v in dataclasses.asdict(self.traffic).items()
                         if k not in ("rates", "client_nice", "min_duration_s")},
-            "mix": [dataclasses.asdict(m) for m in self.mix],
+            "mix": [_mix_key(m) for m in self.mix],
             "model_fingerprint": model_fingerprint(self.model.path),
             "draft_fingerprints": [model_fingerprint(b.model) for b in self.backends],
         }
@@ -219,9 +228,7 @@ class ServingConfig:
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
-            raise ValueError("use only letters, digits, '_', '.', '-'")
-        return v
+        return check_name(v)
 
     @model_validator(mode="after")
     def _check(self) -> "ServingConfig":

@@ -264,7 +264,7 @@ def portable_cmd(cmd: list[str]) -> list[str]:
     it (provenance carries no absolute paths of the machine that ran it)."""
     root = str(REPO_ROOT) + os.sep
     out = [a.replace(root, "") for a in cmd]
-    return (["python"] + out[1:]) if out and out[0] == sys.executable else out
+    return (["python"] + out[1:]) if cmd and cmd[0] == sys.executable else out
 
 
 def _get(url: str, timeout_s: float = 10.0) -> str:

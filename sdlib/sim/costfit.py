@@ -75,6 +75,8 @@ def fit_sweep_cost_model(sweep_dir, name: str, eagle_method: str,
 
 #: The fits committed under data/costmodels/: output file -> (sweep folder, EAGLE method label).
 COMMITTED_FITS = {"data/costmodels/h200_llama8b.json": ("data/sweeps/h200_llama8b", "eagle3-k3-L2.5")}
+#: The committed engine cost models (:mod:`sdlib.sim.engine_costs`): output file -> replay sweep folder.
+COMMITTED_ENGINE_FITS = {"data/costmodels/h200_replay_engine.json": "data/sweeps/h200_replay"}
 
 
 def write_fit(sweep_dir, eagle_method: str, out, producer: str) -> Path:
@@ -86,6 +88,19 @@ def write_fit(sweep_dir, eagle_method: str, out, producer: str) -> Path:
     cm = cm.replace(meta={**_rounded(cm.meta), "producer": producer},
                     **{k: _rounded(v) for k, v in cm.to_dict().items() if isinstance(v, float)})
     return cm.save(out)
+
+
+def write_engine_fit(sweep_dir, out, producer: str) -> Path:
+    """Fit the engine cost model (per path, k and batch size) to the replay sweep ``sweep_dir`` and write it
+    to ``out`` (named after the file), ``meta.producer`` set."""
+    from dataclasses import replace
+
+    from sdlib.paths import repo_relative, resolve
+    from sdlib.sim.engine_costs import fit_engine_cost_model
+
+    out = resolve(out)
+    ecm = fit_engine_cost_model(repo_relative(resolve(sweep_dir)), Path(out).stem)
+    return replace(ecm, meta={**ecm.meta, "producer": producer}).save(out)
 
 
 def _rounded(x):
@@ -109,6 +124,8 @@ def main(argv=None) -> int:
         for out, (sweep, method) in COMMITTED_FITS.items():
             p = write_fit(sweep, method, out, "make costmodels (python -m sdlib.sim.costfit --committed)")
             print(f"wrote {p}")
+        for out, sweep in COMMITTED_ENGINE_FITS.items():
+            print(f"wrote {write_engine_fit(sweep, out, 'make costmodels (python -m sdlib.sim.costfit --committed)')}")
         return 0
     if not (a.sweep and a.eagle_method and a.out):
         ap.error("give SWEEP, --eagle-method and --out, or --committed")

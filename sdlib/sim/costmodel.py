@@ -122,11 +122,11 @@ class CostModel:
         return cls(**d)
 
     def save(self, path: str | Path) -> Path:
-        """Write the model as JSON to ``path`` (folders created)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        return path
+        """Write the model as JSON to ``path`` (folders created, atomically)."""
+        from sdlib.store.files import write_json_atomic
+
+        write_json_atomic(self.to_dict(), Path(path))
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
@@ -178,8 +178,11 @@ def find_cost_models(patterns) -> list[str]:
 
 
 def load_cost_models(paths, first: Optional[CostModel] = AUTHORS_H100_LLAMA8B) -> list[CostModel]:
-    """``first`` (the authors' fit by default; None: none) followed by the models saved in ``paths``."""
-    return ([first] if first is not None else []) + [CostModel.load(p) for p in paths]
+    """``first`` (the authors' fit by default; None: none) followed by the linear models saved in ``paths``.
+    Engine cost models (``"kind": "engine"``, :mod:`sdlib.sim.engine_costs`: a table per engine path, k and
+    batch size, not a linear model) among ``paths`` are left out."""
+    dicts = [json.loads(Path(p).read_text()) for p in paths]
+    return ([first] if first is not None else []) + [CostModel.from_dict(d) for d in dicts if d.get("kind") != "engine"]
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:

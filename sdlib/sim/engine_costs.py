@@ -22,7 +22,7 @@ k below the smallest measured k takes the smallest's value: the harness's fixed 
 ``k = 0`` on any path is a plain decode step (the no-SD row). The prefill is priced by ``prefill_model``
 (the replay times decode steps only).
 
-The policies (:mod:`sdlib.sim.policy_sim`) give each step its path and k: EAGLE-3 and policies that mix
+The policies (:mod:`sdlib.sim.policy.walk`) give each step its path and k: EAGLE-3 and policies that mix
 drafters run on the padded path with k = the tokens the step drafts (a per-step k, as vLLM's Dynamic SD
 varies k between steps; fixed-k methods keep their k); n-gram-only policies run on the ragged path with the
 engine's K. Drafting is inside the measured steps, so the drafting flags of a step cost nothing extra here.
@@ -115,10 +115,11 @@ class EngineCostModel:
         return cls(**d)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        return path
+        """Write the model as JSON to ``path`` (folders created, atomically)."""
+        from sdlib.store.files import write_json_atomic
+
+        write_json_atomic(self.to_dict(), Path(path))
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "EngineCostModel":

@@ -18,10 +18,10 @@ Policies (``method.replay`` in a sweep config), for an engine with ``num_specula
 ``accept_all``      calibration: K drafted, all accepted (equals synthetic acceptance L = K + 1)
 ``accept_none``     calibration: K drafted, none accepted (equals synthetic acceptance L = 1)
 ``propose_nothing`` calibration: nothing drafted (the path's fixed cost over no SD; ragged paths only)
-``online``          the project's online policy (:mod:`sdlib.sim.policies`), proposals capped at K, at the
-                    cell's batch size (:mod:`sdlib.sim.replay_policies`)
+``online``          the project's online policy (:mod:`sdlib.sim.policy.online`), proposals capped at K, at the
+                    cell's batch size (:mod:`sdlib.sim.policy.replay_plans`)
 baseline names      ``ngram-eagle``, ``ngram-eagle-long``, ``arctic``, ``sglang-adaptive``, ``dynamic-sd``,
-                    ``specdecode-adaptive`` (:mod:`sdlib.sim.baselines`), capped at K likewise
+                    ``specdecode-adaptive`` (:mod:`sdlib.sim.policy.baselines`), capped at K likewise
 ==================  ======================================================================================
 
 Where the engine cannot verify fewer than K tokens (vLLM 0.26's V2 runner: EAGLE, EAGLE-3), a plan's
@@ -42,7 +42,7 @@ import numpy as np
 
 from sdlib.sim.oracle import PreparedTraces, step_records
 
-#: Per-step policies (sdlib.sim.replay_policies.POLICY_METHODS: the methods each can replay on).
+#: Per-step policies (sdlib.sim.policy.replay_plans.POLICY_METHODS: the methods each can replay on).
 STEP_POLICIES = ("online", "ngram-eagle", "ngram-eagle-long", "arctic", "sglang-adaptive", "dynamic-sd",
                  "specdecode-adaptive")
 #: Policies the engine replay knows (sdlib.vllm.replay), with what each replays.
@@ -116,7 +116,7 @@ def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int, batch_s
     if policy == "propose_nothing":
         return [_walk_constant(int(x), 0, 0) for x in L]
     if policy in STEP_POLICIES:
-        from sdlib.sim.replay_policies import policy_steps
+        from sdlib.sim.policy.replay_plans import policy_steps
 
         rec = policy_steps(prep, method, policy, K, batch_size)
     else:

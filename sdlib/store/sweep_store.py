@@ -104,9 +104,13 @@ class SweepStore:
         return [f for f in out if f.exists()]
 
     def is_done(self, run_id: str) -> bool:
-        """Finished and whole: every table file present and readable (``runs`` is written last)."""
-        return all((self.dir / t / f"{run_id}.parquet").exists() and readable(self.dir / t / f"{run_id}.parquet")
-                   for t in TABLE_ORDER)
+        """Finished and whole: every table file present and readable (``runs`` is written last). A table of
+        :data:`OPTIONAL_TABLES` may be absent (sweeps written before it existed), but must read if present."""
+        def whole(t: str) -> bool:
+            f = self.dir / t / f"{run_id}.parquet"
+            return readable(f) if f.exists() else t in OPTIONAL_TABLES
+
+        return all(whole(t) for t in TABLE_ORDER)
 
     def done_ids(self) -> set[str]:
         """Cells whose ``runs`` file exists and whose every table file reads (a corrupt cell is not done)."""

@@ -26,7 +26,6 @@ import warnings
 from typing import Any
 
 from sdlib.config import WorkloadConfig
-from sdlib.paths import resolve
 from sdlib.workloads.datasets import Prompt, WorkloadError, WorkloadWarning
 
 #: the fields a custom row may carry
@@ -44,14 +43,9 @@ def _row_ids(row: dict[str, Any], where: str) -> list[int]:
 def check_custom_rows(wl: WorkloadConfig) -> tuple[list[dict[str, Any]], int]:
     """The file's usable rows and how many were skipped (no prompt); WorkloadError naming file:line on a
     malformed row. Reads the file only (no tokenizer), so it runs before any engine starts."""
-    from sdlib.workloads.sources import read_rows
+    from sdlib.workloads.sources import read_file_rows
 
-    p = resolve(wl.path)
-    if not p.is_file():
-        raise WorkloadError(f"custom: file not found: {p}")
-    rows = read_rows(p)
-    if not rows:
-        raise WorkloadError(f"custom: {p} has no rows")
+    p, rows = read_file_rows("custom", wl.path)
     good, skipped = [], 0
     for n, r in enumerate(rows, 1):
         where = f"{p}:{n}"

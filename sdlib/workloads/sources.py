@@ -54,6 +54,18 @@ def _shuffled(dataset: str, rows: Sequence[Mapping[str, Any]], seed: int,
     return it
 
 
+def read_file_rows(kind: str, path, missing: type[Exception] = WorkloadError) -> tuple[Path, list[dict[str, Any]]]:
+    """(resolved path, :func:`read_rows`) of a workload file; ``missing`` (naming ``kind`` and the path) if it
+    is not a file, WorkloadError if it has no rows."""
+    p = resolve(path)
+    if not p.is_file():
+        raise missing(f"{kind}: file not found: {p}")
+    rows = read_rows(p)
+    if not rows:
+        raise WorkloadError(f"{kind}: {p} has no rows")
+    return p, rows
+
+
 def read_rows(p: Path) -> list[dict[str, Any]]:
     """Rows of a JSONL / JSON-list / CSV file (optionally .gz)."""
     name = p.name[:-3] if p.name.endswith(".gz") else p.name
@@ -93,12 +105,7 @@ def _prefilter(dataset: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str,
 def _open_local(wl: WorkloadConfig) -> Opened:
     if not wl.path:
         raise WorkloadError("local: no path (set workloads[i].path to a JSONL file)")
-    p = resolve(wl.path)
-    if not p.is_file():
-        raise FileNotFoundError(f"local: file not found: {p}")
-    rows = read_rows(p)
-    if not rows:
-        raise WorkloadError(f"local: {p} has no rows")
+    p, rows = read_file_rows("local", wl.path, missing=FileNotFoundError)  # auto falls back on FileNotFoundError
     if not any(has_fields(wl.dataset, r) for r in rows[:100]):
         raise WorkloadError(
             f"local: {p}: rows have keys {sorted(rows[0])}; expected 'prompt' or "
