@@ -64,9 +64,24 @@ def _folder_fingerprint(path: str, mtime_key: float) -> str:
     return h.hexdigest()[:12]
 
 
+def hub_revision(repo_id: str) -> Optional[str]:
+    """The commit the local Hugging Face cache resolved ``repo_id``'s main branch to (``refs/main``), or None
+    if it was never fetched here. Reads the cache only (no network)."""
+    from sdlib.paths import hub_repo_cache
+
+    ref = hub_repo_cache(repo_id) / "refs" / "main"
+    try:
+        rev = ref.read_text().strip()
+    except OSError:
+        return None
+    return rev or None
+
+
 def model_fingerprint(path: Optional[str]) -> Optional[str]:
     """A short hash of a local model folder (configs, weight sizes and heads), so retrained
-    weights get new run ids; None for hub ids and missing folders."""
+    weights get new run ids; for a hub id, ``hub@<commit>`` of the revision the local cache resolved
+    (a new revision of the model gets new run ids; ``sdlib sweep`` fetches the model's config first so the
+    revision is known); None for missing folders and hub ids never fetched here."""
     if not path:
         return None
     if path.startswith("@shapes/"):  # config-only shapes: written on demand, so every machine agrees
@@ -75,7 +90,10 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
         write_shape(path[len("@shapes/"):])
     p = resolve(path)
     if not p.is_dir():
-        return None
+        if path.startswith(("@", ".", "/", "~")) or path.count("/") != 1:
+            return None
+        rev = hub_revision(path)
+        return f"hub@{rev[:12]}" if rev else None
     return _folder_fingerprint(str(p), max((f.stat().st_mtime for f in p.iterdir()), default=0.0))
 
 

@@ -53,3 +53,14 @@ def repo_relative(path: str | os.PathLike[str]) -> str:
         return str(p.resolve().relative_to(REPO_ROOT))
     except ValueError:
         return str(p)
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face Hub cache folder (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ~/.cache/huggingface/hub)."""
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return Path(os.environ.get("HF_HUB_CACHE", home / "hub"))
+
+
+def hub_repo_cache(repo_id: str) -> Path:
+    """Where the Hub cache keeps ``repo_id`` (a model)."""
+    return hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))

@@ -154,3 +154,34 @@ def test_method_filters_and_warmup_scope():
     with pytest.raises(ConfigError, match="datasets"):
         parse_sweep({"name": "f", "models": [{"path": "/m"}], "methods": [{"name": "ngram", "datasets": ["aime"]}],
                      "workloads": [{"dataset": "gsm8k"}], "batch_sizes": [1]})
+
+
+def test_a_new_hub_revision_gets_new_run_ids(tmp_path, monkeypatch):
+    """Hub ids carry the revision the local Hub cache resolved (refs/main), so a new revision of a hub model
+    never reuses the old revision's cells; never fetched here: no fingerprint."""
+    from sdlib.config import model_fingerprint
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    cfg = {"name": "hub", "models": [{"path": "org/model"}], "methods": [{"name": "none"}],
+           "workloads": [{"dataset": "gsm8k"}], "batch_sizes": [1]}
+    assert model_fingerprint("org/model") is None
+    ids = []
+    for rev in ("a" * 40, "b" * 40):
+        ref = tmp_path / "models--org--model" / "refs" / "main"
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(rev)
+        assert model_fingerprint("org/model") == f"hub@{rev[:12]}"
+        ids.append(parse_sweep(cfg).cells()[0].run_id)
+    assert ids[0] != ids[1]
+
+
+def test_preflight_accepts_a_cached_hub_model_offline(tmp_path, monkeypatch):
+    from sdlib.run.preflight import _check_model
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="unreachable"):
+        _check_model("models.0.path", "org/model")
+    (tmp_path / "models--org--model" / "refs").mkdir(parents=True)
+    (tmp_path / "models--org--model" / "refs" / "main").write_text("c" * 40)
+    assert _check_model("models.0.path", "org/model") is None

@@ -102,15 +102,24 @@ def plot_bins_paper(b: pd.DataFrame, labels: list[str], main: str, other: Option
 def plot_bins_all(bins: pd.DataFrame, datasets: Sequence[str], labels: list[str], main: str, other: Optional[str],
                   ref_label: str, title: str, width: float = 0.2):
     """:func:`bleu_bin_panel` for every dataset, side by side (shared y axis, one legend)."""
-    fig, axes = new_figure(1, len(datasets), width=4.2, height=4.2, sharey=True)
-    for ax, ds in zip(axes[0], datasets):
-        bleu_bin_panel(ax, bins[bins.dataset == ds], labels, main, other, ref_label, width=width)
-        ax.set_title(ds, fontsize=10)
-        if ds != datasets[0]:
-            ax.set_ylabel("")
+    fig, axes = _bin_panels(bins, datasets, labels, main, other, ref_label, width, 4.2, None)
     axes[0][-1].legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=11)
     return fig
+
+
+def _bin_panels(d: pd.DataFrame, datasets: Sequence[str], labels: list[str], main: str, other: Optional[str],
+                ref_label: str, width: float, panel_width: float, xlabel: Optional[str]):
+    """A figure (and its axes) with :func:`bleu_bin_panel` for every dataset side by side (shared y axis, y label once)."""
+    fig, axes = new_figure(1, len(datasets), width=panel_width, height=4.2, sharey=True)
+    for ax, ds in zip(axes[0], datasets):
+        bleu_bin_panel(ax, d[d.dataset == ds], labels, main, other, ref_label, width=width)
+        ax.set_title(ds, fontsize=10)
+        if xlabel is not None:
+            ax.set_xlabel(xlabel, fontsize=9)
+        if ds != datasets[0]:
+            ax.set_ylabel("")
+    return fig, axes
 
 
 def plot_measured(mb: pd.DataFrame, ref_label: str, title: str, width: float = 0.2,
@@ -120,14 +129,8 @@ def plot_measured(mb: pd.DataFrame, ref_label: str, title: str, width: float = 0
     ``mb``: :func:`sdlib.analysis.bleu.measured_relative_speedup`."""
     datasets = sorted(mb.dataset.unique())
     labels = sorted(mb.label.unique())
-    fig, axes = new_figure(1, len(datasets), width=4.4, height=4.2, sharey=True)
-    d = mb.assign(convention="measured")
-    for ax, ds in zip(axes[0], datasets):
-        bleu_bin_panel(ax, d[d.dataset == ds], labels, "measured", None, ref_label, width=width)
-        ax.set_title(ds, fontsize=10)
-        ax.set_xlabel(xlabel, fontsize=9)
-        if ds != datasets[0]:
-            ax.set_ylabel("")
+    fig, axes = _bin_panels(mb.assign(convention="measured"), datasets, labels, "measured", None, ref_label,
+                            width, 4.4, xlabel)
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=9)
     return fig

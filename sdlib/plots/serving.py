@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.analysis.serving import SLA
-from sdlib.plots.style import new_figure
+from sdlib.plots.style import log_axis_plain, new_figure
 from sdlib.plots.titles import _notes
 
 METRIC_NAMES = {"ttft": "TTFT", "itl": "ITL (per token)", "msg_itl": "ITL (per message)", "tpot": "TPOT",
@@ -50,12 +50,7 @@ def serving_title(store, what: str = "") -> str:
 
 def _log_ms(ax) -> None:
     """Log y axis with plain numbers (ms), not powers of ten."""
-    from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
-
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    log_axis_plain(ax, "y")
 
 
 def _colors(labels: Sequence[str]) -> dict[str, str]:

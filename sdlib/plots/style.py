@@ -66,6 +66,18 @@ def new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.0, height: float
     return plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, **kw)
 
 
+def log_axis_plain(ax, axis: str = "y") -> None:
+    """Log scale on ``axis`` labelled with plain numbers at 1, 2, 5 x 10^n (``150``, ``2,000``), not powers of
+    ten: readable when the data span less than a decade too."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
 def figure_name(notebook: str, what: str, **params) -> str:
     """``<notebook>__<what>[__k=v...]`` with only filename-safe characters."""
     parts = [notebook, what] + [f"{k}={v}" for k, v in sorted(params.items())]

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from sdlib.plots.style import new_figure
+from sdlib.plots.style import log_axis_plain, new_figure
 
 
 def _facets(df: pd.DataFrame, col: str) -> list:
@@ -33,6 +33,25 @@ def _yerr(d: pd.DataFrame, value: str, lo: str, hi: str) -> Optional[np.ndarray]
     return np.vstack([np.nan_to_num(v - d[lo].to_numpy(float)), np.nan_to_num(d[hi].to_numpy(float) - v)])
 
 
+def _method_lines(ax, sub: pd.DataFrame, methods: list, y: str, colors: list) -> None:
+    """One line per method label of ``sub`` (``y`` vs batch size, points dodged apart), with the
+    ``<y>_lo``/``<y>_hi`` interval as error bars."""
+    for i, m in enumerate(methods):
+        s = sub[sub["method_label"] == m].sort_values("batch_size")
+        if len(s):
+            ax.errorbar(s["batch_size"] * _dodge(i, len(methods)), s[y], yerr=_yerr(s, y, f"{y}_lo", f"{y}_hi"),
+                        fmt="o-", color=colors[i], label=m, capsize=2, lw=1.2, ms=4)
+
+
+def _batch_axis(ax, sub: pd.DataFrame, ds) -> None:
+    """The batch sizes of ``sub`` as plain x ticks, the axis label and the dataset as the panel title."""
+    bss = sorted(sub["batch_size"].unique())
+    ax.set_xticks(bss, [str(b) for b in bss])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size")
+    ax.set_title(str(ds))
+
+
 def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame] = None):
     """Speedup over no-SD vs batch size, one panel per dataset, one line per method (paper Fig. 1 form),
     with the interval of each point as an error bar (``speedup_lo``/``speedup_hi``, when present).
@@ -47,23 +66,14 @@ def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame]
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     for ax, ds in zip(axes[0], datasets or [None]):
         sub = d[d["dataset"] == ds]
-        for i, m in enumerate(methods):
-            s = sub[sub["method_label"] == m].sort_values("batch_size")
-            if len(s):
-                ax.errorbar(s["batch_size"] * _dodge(i, len(methods)), s["speedup"],
-                            yerr=_yerr(s, "speedup", "speedup_lo", "speedup_hi"), fmt="o-", color=colors[m],
-                            label=m, capsize=2, lw=1.2, ms=4)
+        _method_lines(ax, sub, methods, "speedup", [colors[m] for m in methods])
         if reference is not None and len(reference):
             r = reference[reference["dataset"] == ds]
             for (m, src), s in r.groupby(["method_label", "source"]):
                 ax.plot(s["batch_size"], s["speedup"], "s--", alpha=0.6, label=f"{m} ({src})")
         ax.axhline(1.0, color="grey", lw=1, ls=":")
         ax.set_xscale("log", base=2)
-        bss = sorted(sub["batch_size"].unique())
-        ax.set_xticks(bss, [str(b) for b in bss])
-        ax.minorticks_off()
-        ax.set_xlabel("batch size")
-        ax.set_title(str(ds))
+        _batch_axis(ax, sub, ds)
     axes[0][0].set_ylabel("speedup over no SD (×)")
     axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(title, fontsize=9)
@@ -78,19 +88,10 @@ def plot_throughput(tp: pd.DataFrame, title: str):
     methods = _facets(tp, "method_label")
     for ax, ds in zip(axes[0], datasets or [None]):
         sub = tp[tp["dataset"] == ds]
-        for i, m in enumerate(methods):
-            s = sub[sub["method_label"] == m].sort_values("batch_size")
-            if len(s):
-                ax.errorbar(s["batch_size"] * _dodge(i, len(methods)), s["tok_per_s"],
-                            yerr=_yerr(s, "tok_per_s", "tok_per_s_lo", "tok_per_s_hi"), fmt="o-",
-                            color=f"C{i % 10}", label=m, capsize=2, lw=1.2, ms=4)
+        _method_lines(ax, sub, methods, "tok_per_s", [f"C{i % 10}" for i in range(len(methods))])
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        bss = sorted(sub["batch_size"].unique())
-        ax.set_xticks(bss, [str(b) for b in bss])
-        ax.minorticks_off()
-        ax.set_xlabel("batch size")
-        ax.set_title(str(ds))
+        log_axis_plain(ax, "y")
+        _batch_axis(ax, sub, ds)
     axes[0][0].set_ylabel("output tokens/s")
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
@@ -104,14 +105,15 @@ def plot_acceptance_table(acc: pd.DataFrame, title: str, value: str = "mean_acce
     import seaborn as sns
 
     piv = acc.pivot_table(index="method_label", columns="dataset", values=value, aggfunc="first")
-    fig, axes = new_figure(1, 1, width=2.6 + 1.5 * max(piv.shape[1], 1), height=1.6 + 0.6 * max(piv.shape[0], 1))
+    fig, axes = new_figure(1, 1, width=2.6 + 1.5 * max(piv.shape[1], 1), height=2.2 + 0.6 * max(piv.shape[0], 1))
     ax = axes[0][0]
     if piv.size and np.isfinite(piv.to_numpy(dtype=float)).any():
         lo, hi = (acc.pivot_table(index="method_label", columns="dataset", values=f"{value}_{x}", aggfunc="first")
                   .reindex(index=piv.index, columns=piv.columns) if f"{value}_{x}" in acc.columns else piv * np.nan
                   for x in ("lo", "hi"))
         sns.heatmap(piv, annot=surface_annotations(piv, lo, hi), fmt="", annot_kws={"fontsize": 8}, cmap="viridis",
-                    ax=ax, cbar_kws={"label": value})
+                    ax=ax, cbar_kws={"label": value.replace("_", " ")})
+        ax.tick_params(axis="y", rotation=0)
     ax.set_xlabel("workload")
     ax.set_ylabel("method")
     ax.set_title(title, fontsize=9)
@@ -135,7 +137,7 @@ def plot_roofline(tp_none: pd.DataFrame, roof: pd.DataFrame, title: str):
     ax.plot(roof["batch_size"], roof["memory_bound_tok_per_s"], "--", color="grey", label="memory-bound bound")
     ax.plot(roof["batch_size"], roof["compute_bound_tok_per_s"], ":", color="black", label="compute-bound bound")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    log_axis_plain(ax, "y")
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens/s")
     ax.legend(fontsize=8)

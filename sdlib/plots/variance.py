@@ -135,7 +135,7 @@ def plot_position_bins(pb: pd.DataFrame, title: str):
         ax.set(title=ds, xlabel="relative position in output", ylabel="mean tokens gained / step", xlim=(0, 1))
     if axes[0][-1].get_legend() is not None:
         sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1.02, 1), title=None, frameon=False)
-    fig.suptitle(f"Acceptance along the output — {title}", y=1.02)
+    fig.suptitle(f"Acceptance along the output — {title}", fontsize=10)
     return fig
 
 
@@ -225,5 +225,5 @@ def plot_greedy_drift(drift: pd.DataFrame, lossless: pd.DataFrame, title: str):
         ax.minorticks_off()
         ax.set_xlabel("batch size")
     fig.suptitle(f"Greedy drift — {title}\nerror bars: 95% CI (length: bootstrap over requests; fractions: Wilson)",
-                 y=1.05)
+                 fontsize=10)
     return fig

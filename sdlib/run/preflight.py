@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-from pathlib import Path
 from typing import Optional
 
-from sdlib.config import ConfigError, SweepConfig
-from sdlib.paths import resolve
+from sdlib.config import ConfigError, SweepConfig, hub_revision
+from sdlib.paths import hub_repo_cache, resolve
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
 HUB_TIMEOUT_S = 0.5
@@ -35,9 +34,19 @@ def _config(path: str) -> Optional[dict]:
 
 
 def _in_hf_cache(repo_id: str) -> bool:
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    hub = Path(os.environ.get("HF_HUB_CACHE", home / "hub"))
-    return (hub / ("models--" + repo_id.replace("/", "--"))).is_dir()
+    return hub_repo_cache(repo_id).is_dir()
+
+
+def _resolve_hub_revision(field: str, repo_id: str) -> None:
+    """Fetch ``repo_id``'s config.json into the Hub cache, which records the commit its main branch is at, so
+    the cells' run ids carry the revision (:func:`sdlib.config.model_fingerprint`) before anything runs."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo_id, allow_patterns=["config.json"])
+    except Exception as err:  # noqa: BLE001 - gated, missing, network: one line
+        raise ConfigError(f"{field}: {repo_id!r} could not be fetched from the Hugging Face Hub "
+                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
 
 
 def hub_reachable() -> bool:
@@ -68,9 +77,13 @@ def _check_model(field: str, path: str) -> Optional[dict]:
         if cfg is None:
             raise ConfigError(f"{field}: {p} has no readable config.json")
         return cfg
-    if not _in_hf_cache(path) and not hub_reachable():
-        raise ConfigError(f"{field}: {path!r} is neither a local folder nor in the Hugging Face cache, and the "
-                          "Hub is unreachable (offline)")
+    if hub_revision(path) is None:
+        if not hub_reachable():
+            if not _in_hf_cache(path):
+                raise ConfigError(f"{field}: {path!r} is neither a local folder nor in the Hugging Face cache, and "
+                                  "the Hub is unreachable (offline)")
+        else:
+            _resolve_hub_revision(field, path)
     return None
 
 

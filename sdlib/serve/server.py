@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from sdlib.paths import CACHE_DIR, REPO_ROOT
-from sdlib.run.supervise import EngineProcess, group_alive
+from sdlib.run.supervise import EngineProcess, group_alive, group_pids
 
 #: Where live servers are registered (one JSON per process group).
 REGISTRY_DIR: Path = CACHE_DIR / "serve" / "servers"
@@ -181,19 +181,6 @@ class Server:
             pass
 
 
-def _proc_pids_in_group(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(d.name)) == pgid:
-                out.append(int(d.name))
-        except (ProcessLookupError, PermissionError):
-            continue
-    return out
-
-
 def _has_token(pid: int, token: str) -> bool:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()
@@ -231,7 +218,7 @@ def reap_orphans(registry_dir: Optional[Path] = None, grace_s: float = 5.0, log=
         if _pid_alive(int(e.get("owner_pid", -1))):
             continue  # its supervisor still runs (this process, or another sweep): not an orphan
         pgid = int(e["pgid"])
-        members = [p for p in _proc_pids_in_group(pgid) if _has_token(p, e["token"])] if group_alive(pgid) else []
+        members = [p for p in group_pids(pgid) if _has_token(p, e["token"])] if group_alive(pgid) else []
         if members:
             log(f"serve: ending orphaned server {e.get('label')} (process group {pgid}, port {e.get('port')}, "
                 f"supervisor {e.get('owner_pid')} is gone)")
