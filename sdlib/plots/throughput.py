@@ -43,6 +43,16 @@ def _method_lines(ax, sub: pd.DataFrame, methods: list, y: str, colors: list) ->
                         fmt="o-", color=colors[i], label=m, capsize=2, lw=1.2, ms=4)
 
 
+def _panel_width(datasets: list) -> float:
+    """Inches per dataset panel: wider when there is one panel only."""
+    return 4.8 if len(datasets) > 1 else 8.0
+
+
+def _legend_outside(ax) -> None:
+    """The legend right of ``ax``, where it hides no point."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+
+
 def _batch_axis(ax, sub: pd.DataFrame, ds) -> None:
     """The batch sizes of ``sub`` as plain x ticks, the axis label and the dataset as the panel title."""
     bss = sorted(sub["batch_size"].unique())
@@ -61,7 +71,7 @@ def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame]
     """
     d = sp[sp["method"] != "none"]
     datasets = _facets(d, "dataset")
-    fig, axes = new_figure(1, max(len(datasets), 1), width=4.8, height=3.8, sharey=True)
+    fig, axes = new_figure(1, max(len(datasets), 1), width=_panel_width(datasets), height=3.8, sharey=True)
     methods = _facets(d, "method_label")
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     for ax, ds in zip(axes[0], datasets or [None]):
@@ -75,7 +85,7 @@ def plot_speedup(sp: pd.DataFrame, title: str, reference: Optional[pd.DataFrame]
         ax.set_xscale("log", base=2)
         _batch_axis(ax, sub, ds)
     axes[0][0].set_ylabel("speedup over no SD (×)")
-    axes[0][-1].legend(fontsize=8, loc="best")
+    _legend_outside(axes[0][-1])
     fig.suptitle(title, fontsize=9)
     return fig
 
@@ -84,7 +94,7 @@ def plot_throughput(tp: pd.DataFrame, title: str):
     """Output tokens/s vs batch size, one panel per dataset, one line per method (no SD included), with
     each point's interval (``tok_per_s_lo``/``tok_per_s_hi``) as an error bar."""
     datasets = _facets(tp, "dataset")
-    fig, axes = new_figure(1, max(len(datasets), 1), width=4.8, height=3.8, sharey=True)
+    fig, axes = new_figure(1, max(len(datasets), 1), width=_panel_width(datasets), height=3.8, sharey=True)
     methods = _facets(tp, "method_label")
     for ax, ds in zip(axes[0], datasets or [None]):
         sub = tp[tp["dataset"] == ds]
@@ -93,7 +103,7 @@ def plot_throughput(tp: pd.DataFrame, title: str):
         log_axis_plain(ax, "y")
         _batch_axis(ax, sub, ds)
     axes[0][0].set_ylabel("output tokens/s")
-    axes[0][-1].legend(fontsize=8)
+    _legend_outside(axes[0][-1])
     fig.suptitle(title, fontsize=9)
     return fig
 
@@ -128,15 +138,18 @@ def roofline_title(device: dict) -> str:
 
 def plot_roofline(tp_none: pd.DataFrame, roof: pd.DataFrame, title: str):
     """Measured no-SD tokens/s vs batch size against the memory- and compute-bound rooflines."""
-    fig, axes = new_figure(1, 1, width=6.0, height=4.2)
+    fig, axes = new_figure(1, 1, width=8.0, height=4.2)
     ax = axes[0][0]
     for ds, s in tp_none.groupby("dataset"):
         s = s.sort_values("batch_size")
         ax.errorbar(s["batch_size"], s["tok_per_s"], yerr=_yerr(s, "tok_per_s", "tok_per_s_lo", "tok_per_s_hi"),
                     fmt="o-", capsize=2, label=f"measured, no SD ({ds})")
-    ax.plot(roof["batch_size"], roof["memory_bound_tok_per_s"], "--", color="grey", label="memory-bound bound")
-    ax.plot(roof["batch_size"], roof["compute_bound_tok_per_s"], ":", color="black", label="compute-bound bound")
+    ax.plot(roof["batch_size"], roof["memory_bound_tok_per_s"], "--", color="grey", label="memory-bound roofline")
+    ax.plot(roof["batch_size"], roof["compute_bound_tok_per_s"], ":", color="black", label="compute-bound roofline")
     ax.set_xscale("log", base=2)
+    bss = sorted(set(roof["batch_size"]) | set(tp_none["batch_size"]))
+    ax.set_xticks(bss, [str(b) for b in bss])
+    ax.minorticks_off()
     log_axis_plain(ax, "y")
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens/s")
