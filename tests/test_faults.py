@@ -1,12 +1,13 @@
 """Fault injection with real CPU vLLM engines (slow; CI runs it): kill -9 of the worker mid-cell, kill -9 of
-the supervisor, SIGINT and SIGTERM to the supervisor alone. Each time: no finished cell lost or changed, no
-process of the sweep alive 10 s later, no failure written for a cell that did not fail, and a resume completes
-every cell."""
+the supervisor at three random moments (the seed is in every message), SIGINT and SIGTERM to the supervisor
+alone. Each time: no finished cell lost or changed, no process of the sweep alive 10 s later, no failure
+written for a cell that did not fail, and a resume completes every cell."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -85,10 +86,11 @@ def _snapshot(store: SweepStore) -> dict:
     return {f: f.stat().st_mtime_ns for f in store.dir.glob("*/*.parquet")}
 
 
-def _no_orphans(marker: str) -> None:
+def _no_orphans(marker: str, what: str = "") -> None:
     time.sleep(10)
     left = _ours(marker)
-    assert not left, f"processes left 10 s later: {[(p, _cmdline(p)[:80]) for p in left]}"
+    assert not left, f"processes left 10 s later{' (' + what + ')' if what else ''}: " \
+                     f"{[(p, _cmdline(p)[:80]) for p in left]}"
 
 
 def _kept(before: dict) -> None:
@@ -136,23 +138,32 @@ def test_faults(setup):
     assert proc.wait(timeout=600) == 0
     assert len(store.done_ids()) == 6 and store.failures().empty
     _no_orphans(marker)
-    # 3-5. kill -9 / SIGINT / SIGTERM of the supervisor alone, each mid-cell, then resume
-    for sig in (signal.SIGKILL, signal.SIGINT, signal.SIGTERM):
+    # 3-7. kill -9 of the supervisor alone at three random moments (from its start to into the cells),
+    # then SIGINT and SIGTERM of it alone mid-cell; each followed by a resume
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    trials = [(signal.SIGKILL, rng.uniform(0.5, 15.0)) for _ in range(3)] + [(signal.SIGINT, None),
+                                                                              (signal.SIGTERM, None)]
+    for sig, delay in trials:
+        what = f"{sig!r} at {'a random %.1f s' % delay if delay is not None else 'worker start + 8 s'} (seed {seed})"
         store.remove_cells(set(list(store.done_ids())[:3]))  # three cells to redo
         marker = uuid.uuid4().hex
         proc = _start(p, marker)
-        _wait_for(lambda: any(" worker " in _cmdline(x) for x in _ours(marker)), 120, "a worker")
-        time.sleep(8)  # the engine is starting or running
+        if delay is not None:
+            time.sleep(delay)
+        else:
+            _wait_for(lambda: any(" worker " in _cmdline(x) for x in _ours(marker)), 120, "a worker")
+            time.sleep(8)  # the engine is starting or running
         before = _snapshot(store)
         shm = shm_files(_ours(marker))
         t_kill = time.time()
         os.kill(proc.pid, sig)
         proc.wait(timeout=120)
-        _no_orphans(marker)
+        _no_orphans(marker, what)
         _kept(before)
         late = [f for f in (store.dir / "failures").glob("*.json") if f.stat().st_mtime > t_kill + 1]
-        assert not late, f"failures written after the kill ({sig!r}): {late}"
-        assert not [f for f in shm if Path(f).exists()], f"shared memory left after {sig!r}"
+        assert not late, f"failures written after the kill ({what}): {late}"
+        assert not [f for f in shm if Path(f).exists()], f"shared memory left after {what}"
         proc = _start(p, marker)
-        assert proc.wait(timeout=600) == 0, sig
-        assert len(store.done_ids()) == 6
+        assert proc.wait(timeout=600) == 0, what
+        assert len(store.done_ids()) == 6, what

@@ -324,7 +324,12 @@ def test_ctrl_c_or_sigterm_of_the_supervisor_stops_its_server(tmp_path, sig):
         assert entries, "the server never registered"
         time.sleep(3)  # requests in flight
         sup.send_signal(sig)
-        sup.wait(timeout=60)
+        try:
+            sup.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+            raise AssertionError(f"the supervisor did not stop within 60 s of {sig!r}; its stderr:\n"
+                                 + sup.communicate()[1][-3000:]) from None
         e = entries[0]
         assert not group_alive(e["pgid"]) and port_is_free(e["port"])
         assert not list(reg.glob("*.json"))

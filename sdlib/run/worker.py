@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from sdlib.config import parse_sweep
 from sdlib.store import SweepStore, utc_now, write_json_atomic
+from sdlib.run.supervise import group_pids, shm_files
 from sdlib.store.provenance import device_name
 
 log = logging.getLogger("sdlib.run.worker")
@@ -215,12 +216,39 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+#: Seconds a worker whose supervisor died gives vLLM to shut down before it ends its whole process group.
+ORPHAN_GRACE_S = 5.0
+
+
+def _end_own_group() -> None:
+    """SIGKILL to this worker's process group (itself, vLLM's engine processes, the resource tracker), after
+    unlinking the shared-memory files they map (nobody else will: the supervisor is gone or gave up)."""
+    pg = os.getpgid(0)
+    for f in shm_files(group_pids(pg)):
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
+    os.killpg(pg, signal.SIGKILL)
+
+
+def _watch_supervisor(poll_s: float = 0.5) -> None:
+    """A thread: once the supervisor is gone, SIGTERM to ourselves (vLLM shuts down if the main thread can
+    run its handler), then the whole group ended after :data:`ORPHAN_GRACE_S`, even if the main thread is
+    stuck in an engine start-up that never returns to Python."""
+    while supervisor_alive():
+        time.sleep(poll_s)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+    _end_own_group()
+
+
 def _on_term(signum, frame):  # noqa: ARG001
     """SIGTERM (the supervisor ends us, or died): unwind so vLLM shuts its engine down; if that hangs, end the
     whole process group after a grace period."""
     def hard_stop():
         time.sleep(15)
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        _end_own_group()
 
     threading.Thread(target=hard_stop, daemon=True).start()
     raise KeyboardInterrupt("SIGTERM")
@@ -233,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _on_term)
     _die_with_parent()
+    if _SUPERVISOR is not None:
+        threading.Thread(target=_watch_supervisor, daemon=True, name="watch-supervisor").start()
     logging.basicConfig(level=os.environ.get("SDLIB_LOG_LEVEL", "WARNING"))
     with open(argv[0]) as f:
         spec = json.load(f)

@@ -307,6 +307,7 @@ class ServingRun:
         self.servers_info: list[dict] = []
         self.failed_now: set[str] = set()
         self.registry_dir = registry_dir
+        self.device = device_name()  # once, before any server starts
 
     def say(self, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -344,7 +345,7 @@ class ServingRun:
         startup = srv.wait_healthy(self.cfg.server.startup_timeout_s)
         info = {"label": srv.label, "method": cell.backends[server_index].label, "port": srv.port,
                 "cmd": portable_cmd(srv.cmd),
-                "startup_s": round(startup, 2), "vllm_version": server_version(srv), "device": device_name(),
+                "startup_s": round(startup, 2), "vllm_version": server_version(srv), "device": self.device,
                 "load_average": [round(x, 2) for x in os.getloadavg()],
                 "log": str(srv.log_file.relative_to(self.store.dir)), "started_at": utc_now()}
         self.servers_info.append(info)

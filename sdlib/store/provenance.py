@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from sdlib.paths import REPO_ROOT
@@ -30,14 +32,24 @@ def git_commit(repo: Path = REPO_ROOT) -> str:
 
 
 def device_name() -> str:
-    """A human-readable device name: the GPU's, or the CPU model."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001
-        pass
+    """A human-readable device name: the GPU's, or the CPU model. Asks torch only where it is already
+    imported (an engine process); elsewhere ``nvidia-smi``, so that a process that only sends requests (the
+    serving supervisor) never spends seconds importing torch."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001
+            pass
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20).stdout.strip().splitlines()
+            if out and out[0].strip():
+                return out[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
