@@ -150,3 +150,12 @@ class FakeEngine:
 @pytest.fixture
 def fake_engine():
     return FakeEngine
+
+
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test sends SIGINT: a shell starts background jobs (``make test &``,
+    ``nohup``) with SIGINT ignored, the child would inherit that and Python would then never raise
+    KeyboardInterrupt; restore the default so the child meets Ctrl-C as at a terminal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from sdlib.paths import MODELS_DIR, REPO_ROOT
+from tests.conftest import sigint_as_at_a_terminal
 from sdlib.run.supervise import shm_files
 from sdlib.store import SweepStore
 
@@ -71,7 +72,8 @@ def setup(tmp_path_factory):
 def _start(p: Path, marker: str) -> subprocess.Popen:
     env = {**os.environ, "SDLIB_FAULT_TEST": marker, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.Popen([sys.executable, "-m", "sdlib", "sweep", str(p), "--no-summary"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=sigint_as_at_a_terminal)
 
 
 def _wait_for(cond, timeout: float, what: str) -> None:

@@ -22,6 +22,7 @@ from sdlib.serve.config import parse_serving
 from sdlib.serve.server import Server, ServerError, port_is_free, reap_orphans
 from sdlib.run.supervise import group_alive
 from sdlib.store.serving_store import ServingStore
+from tests.conftest import sigint_as_at_a_terminal
 
 
 def stub_cmd(*args):
@@ -314,7 +315,7 @@ def test_ctrl_c_or_sigterm_of_the_supervisor_stops_its_server(tmp_path, sig):
                                                      "--step-ms", "50"])
     """)
     sup = subprocess.Popen([sys.executable, "-c", script], env=_env(), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 60
         entries = []
