@@ -159,3 +159,24 @@ def sigint_as_at_a_terminal() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def toy_cost_model():
+    """The simulator tests' toy cost model: T(kv, n) = 1 + 0.1*n, EAGLE drafting 0.5 s, n-gram drafting 0.1*T,
+    no overhead."""
+    from sdlib.sim.costmodel import CostModel
+
+    return CostModel(name="toy", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0,
+                     eagle_n_s=0.0, eagle_fixed_s=0.5, ngram_frac=0.1, overhead_s=0.0)
+
+
+def toy_traces(rows):
+    """rows: (dataset, id, prompt, output, acc_ngram, acc_eagle3) -> long-form traces (a row per method)."""
+    import pandas as pd
+
+    out = []
+    for ds, rid, prompt, output, ng, eg in rows:
+        for m, acc in (("ngram", ng), ("eagle3", eg)):
+            out.append({"dataset": ds, "request_id": rid, "prompt_token_ids": prompt, "output_token_ids": output,
+                        "method": m, "acc_len": acc})
+    return pd.DataFrame(out)

@@ -3,29 +3,17 @@
 import random
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from sdlib.sim.costmodel import CostModel
 from sdlib.sim import oracle
 from sdlib.extract.ngram import ngram_lookup_lengths
 from sdlib.sim.closed_form import (alpha_from_acc_len, alpha_from_mean_acceptance, alpha_from_per_position,
                                    expected_tokens_per_step, leviathan_speedup)
 from sdlib.sim.oracle import Convention, prepare_traces, simulate, simulate_requests
+from tests.conftest import toy_cost_model, toy_traces
 
-# T(kv, n) = 1 + 0.1*n (+ 0.01*kv in KV), EAGLE drafting 0.5 s, n-gram drafting 0.1*T
-CM = CostModel(name="toy", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0, eagle_n_s=0.0,
-               eagle_fixed_s=0.5, ngram_frac=0.1, overhead_s=0.0)
-
-
-def traces(rows):
-    """rows: (dataset, id, prompt, output, acc_ngram, acc_eagle3) -> long form."""
-    out = []
-    for ds, rid, prompt, output, ng, eg in rows:
-        for m, acc in (("ngram", ng), ("eagle3", eg)):
-            out.append({"dataset": ds, "request_id": rid, "prompt_token_ids": prompt, "output_token_ids": output,
-                        "method": m, "acc_len": acc})
-    return pd.DataFrame(out)
+CM = toy_cost_model()
+traces = toy_traces
 
 
 def times(tr, cm=CM, bs=1, **kw):

@@ -5,7 +5,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.sim.costmodel import CostModel
 from sdlib.sim.engine_costs import EngineCostModel
 from sdlib.sim.policy.features import ngram_match_features, share_so_far
 from sdlib.sim.oracle import prepare_traces, step_records
@@ -15,20 +14,10 @@ from sdlib.sim.policy.walk import (EAGLE, NGRAM, NONE, Policy, PolicyInputs, fro
 from sdlib.sim.policy.table import expand_policies, simulate_policies, summarise
 from sdlib.sim.policy.predictor import DEPTH, FEATURES, HazardModel, fit_hazard, hazard_rows
 from sdlib.sim.policy.training import fold_of
+from tests.conftest import toy_cost_model, toy_traces
 
-# T(kv, n) = 1 + 0.1*n, EAGLE drafting 0.5 s, n-gram drafting 0.1*T, no overhead
-CM = CostModel(name="toy", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0, eagle_n_s=0.0,
-               eagle_fixed_s=0.5, ngram_frac=0.1, overhead_s=0.0)
-
-
-def long_form(rows):
-    """rows: (dataset, id, prompt, output, acc_ngram, acc_eagle3) -> long-form traces."""
-    out = []
-    for ds, rid, prompt, output, ng, eg in rows:
-        for m, acc in (("ngram", ng), ("eagle3", eg)):
-            out.append({"dataset": ds, "request_id": rid, "prompt_token_ids": prompt, "output_token_ids": output,
-                        "method": m, "acc_len": acc})
-    return pd.DataFrame(out)
+CM = toy_cost_model()
+long_form = toy_traces
 
 
 # prompt 1 2 3 4, output 1 2 3 4 9 8: the n-gram look-up (min 3) matches at p = 3 ("1 2 3" first seen at 0, its
