@@ -208,3 +208,26 @@ def test_position_steps_equal_step_records():
         assert st.n_i.tolist() == rec.n_i[o].tolist() and st.gain.tolist() == rec.gain[o].tolist()
         np.testing.assert_allclose(request_times(inp, st, CM, 4),
                                    request_times(inp, from_step_records(rec, st.path, k, prop), CM, 4))
+
+
+def test_deployment_pool_counts_each_dataset_and_configuration_apart():
+    from types import SimpleNamespace
+
+    from sdlib.sim.policy.online import DeploymentPool, dynamic_features, init_state
+
+    inp = SimpleNamespace(prep=SimpleNamespace(dataset=["a", "b", "a"]))
+    lanes = SimpleNamespace(cfg=np.array([0, 0, 0, 1]), req=np.array([0, 1, 2, 0]), state=init_state(4))
+    pool = DeploymentPool()
+    pool.set_lanes(inp, lanes)  # nothing seen yet: every pooled count 0
+    assert all(lanes.state[k].tolist() == [0.0] * 4 for k in ("pool_ng_acc", "pool_eg_rej"))
+    seen = np.array([True, True, True, False])
+    # n-gram: 2 accepted in lane 0, 1 in lane 1, 0 (rejected) in lane 2; EAGLE-3 unseen; lane 3 saw nothing
+    pool.add(inp, lanes, [(seen, np.array([2, 1, 0, 5]), np.array([0, 0, 1, 1])),
+                          (np.zeros(4, bool), np.zeros(4), np.zeros(4))])
+    pool.set_lanes(inp, lanes)
+    # lanes 0 and 2 are dataset a at configuration 0 (2 + 0 accepted, 1 rejected); lane 1 dataset b; lane 3 is
+    # dataset a at configuration 1, which observed nothing
+    assert lanes.state["pool_ng_acc"].tolist() == [2.0, 1.0, 2.0, 0.0]
+    assert lanes.state["pool_ng_rej"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    X = dynamic_features(lanes.state)
+    assert X.shape == (4, 8) and X[0, 6] == pytest.approx(np.log(3.0 / 1.5)) and X[3, 6] == pytest.approx(np.log(2.0))

@@ -29,7 +29,7 @@ from sdlib.sim.policy.features import STATIC_FEATURES
 
 #: Per-request state the policy updates as it goes (sdlib.sim.policy.online.observe_acceptance).
 DYNAMIC_FEATURES = ("logit_ngram", "logit_eagle3", "logit_ngram_slow", "logit_eagle3_slow", "last_full",
-                    "log_last_gain")
+                    "log_last_gain", "logit_ngram_pool", "logit_eagle3_pool")
 #: Feature names, in column order (column 0, the bias, is implicit): per-position, then per-request state.
 FEATURES = STATIC_FEATURES + DYNAMIC_FEATURES
 #: Deepest draft token modelled (the traces score 20 drafts).
