@@ -185,3 +185,33 @@ def test_preflight_accepts_a_cached_hub_model_offline(tmp_path, monkeypatch):
     (tmp_path / "models--org--model" / "refs").mkdir(parents=True)
     (tmp_path / "models--org--model" / "refs" / "main").write_text("c" * 40)
     assert _check_model("models.0.path", "org/model") is None
+
+
+def test_shape_fingerprint_is_stable_while_another_process_writes_the_shape(tmp_path, monkeypatch):
+    # the sweep's supervisor rewrote @shapes configs while a worker hashed them: the worker read a half-written
+    # file, computed other run ids and refused its cells (H200, 2026-12-01)
+    import threading
+
+    from sdlib.models import shapes
+
+    monkeypatch.setattr(shapes, "SHAPES_DIR", tmp_path)
+    monkeypatch.setattr(shapes.write_shape, "__defaults__", (tmp_path,))
+    d = shapes.write_shape("llama-3.1-8b")
+    before = {f.name: f.stat().st_mtime_ns for f in d.iterdir()}
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            shapes.write_shape("llama-3.1-8b")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        from sdlib.config import _folder_fingerprint
+
+        seen = {_folder_fingerprint(str(d), i) for i in range(300)}
+    finally:
+        stop.set()
+        t.join()
+    assert len(seen) == 1
+    assert {f.name: f.stat().st_mtime_ns for f in d.iterdir()} == before  # same text: nothing rewritten

@@ -16,6 +16,7 @@ Usage:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from sdlib.paths import CACHE_DIR
@@ -71,18 +72,33 @@ SHAPES: dict[str, dict] = {
 
 
 def write_shape(name: str, root: Path = SHAPES_DIR) -> Path:
-    """Write ``<root>/<name>/config.json`` (+ generation_config.json, a model card); return the folder."""
+    """Write ``<root>/<name>/config.json`` (+ generation_config.json, a model card); return the folder.
+
+    A file already holding the same text is left alone, and a new text replaces the old one atomically: run ids
+    hash these files, and the sweep's supervisor and its workers call this concurrently (a plain rewrite let a
+    worker read a half-written config and compute other run ids: seen on the H200).
+    """
     if name not in SHAPES:
         raise KeyError(f"shape: {name!r} is not one of {sorted(SHAPES)}")
     cfg = SHAPES[name]
     d = Path(root) / name
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(cfg, indent=1))
-    (d / "generation_config.json").write_text(json.dumps({"bos_token_id": cfg["bos_token_id"],
-                                                          "eos_token_id": cfg["eos_token_id"]}))
-    (d / "sdlib_model.json").write_text(json.dumps({
-        "name": name, "kind": "shape", "random_weights": True,
-        "note": "config only; load_format=dummy builds random weights of the real shape"}, indent=1))
+    texts = {"config.json": json.dumps(cfg, indent=1),
+             "generation_config.json": json.dumps({"bos_token_id": cfg["bos_token_id"],
+                                                   "eos_token_id": cfg["eos_token_id"]}),
+             "sdlib_model.json": json.dumps({
+                 "name": name, "kind": "shape", "random_weights": True,
+                 "note": "config only; load_format=dummy builds random weights of the real shape"}, indent=1)}
+    for fname, text in texts.items():
+        f = d / fname
+        try:
+            if f.read_text() == text:
+                continue
+        except OSError:
+            pass
+        tmp = d / f".{fname}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, f)
     return d
 
 
