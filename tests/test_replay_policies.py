@@ -25,7 +25,7 @@ def _prep():
     return truncate_traces(prepare_traces(pd.DataFrame(rows), keep_tokens=True), 20)
 
 
-@pytest.mark.parametrize("policy", [p for p in STEP_POLICIES if p != "online"])
+@pytest.mark.parametrize("policy", [p for p in STEP_POLICIES if not p.startswith("online")])
 @pytest.mark.parametrize("K", [2, 5])
 def test_plans_follow_the_engine_contract(policy, K):
     prep = _prep()
@@ -62,5 +62,26 @@ def test_every_cell_of_the_online_config_gets_plans():
         K = c.method.num_spec_tokens
         for p in by_index.values():
             assert (p.proposed <= K).all() and sum(p.gains()) == p.output_len
-        mixed = c.method.replay in ("online", "ngram-eagle", "ngram-eagle-long", "arctic", "combine")
+        mixed = c.method.replay in ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic", "combine")
         assert (plans.ngram is not None) == (mixed or c.method.name == "ngram")
+
+
+def test_online_at_k_drafts_k_every_step_and_only_chooses_the_drafter():
+    """Priced as vLLM 0.26's EAGLE-3 path charges (K every step), drafting less never pays: every EAGLE-3 step
+    drafts K, an n-gram step as far as its continuation reaches (up to K), and no step drafts nothing."""
+    from sdlib.sim.policy.replay_plans import policy_steps
+    from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs
+    from sdlib.sim.traces import load_reference_traces
+
+    prep = truncate_traces(prepare_traces(load_reference_traces(["instructcoder"]), keep_tokens=True), 128)
+    for B in (1, 128):
+        st = policy_steps(prep, "eagle3", "online-at-k", K=3, batch_size=B)
+        prop = st.n_i - 1
+        assert not (st.drafter == NONE).any() and (prop[st.drafter == EAGLE] == 3).all()
+        avail = PolicyInputs.of(prep).at("avail", st.req, st.pos)
+        ng = st.drafter == NGRAM
+        assert ng.any() and (prop[ng] == np.minimum(avail[ng], 3)).all()
+        # the per-step-k variant drafts less at bs 128, where the engine model makes short drafts cheap
+        st_k = policy_steps(prep, "eagle3", "online", K=3, batch_size=B)
+        if B == 128:
+            assert (st_k.n_i - 1).mean() < prop.mean()

@@ -19,7 +19,8 @@ Policies (``method.replay`` in a sweep config), for an engine with ``num_specula
 ``accept_none``     calibration: K drafted, none accepted (equals synthetic acceptance L = 1)
 ``propose_nothing`` calibration: nothing drafted (the path's fixed cost over no SD; ragged paths only)
 ``online``          the project's online policy (:mod:`sdlib.sim.policy.online`), proposals capped at K, at the
-                    cell's batch size (:mod:`sdlib.sim.policy.replay_plans`)
+                    cell's batch size (:mod:`sdlib.sim.policy.replay_plans`); ``online-at-k`` the same
+                    policy pricing every step at the engine's K (the EAGLE-3 path's cost in vLLM 0.26)
 baseline names      ``ngram-eagle``, ``ngram-eagle-long``, ``arctic``, ``sglang-adaptive``, ``dynamic-sd``,
                     ``specdecode-adaptive`` (:mod:`sdlib.sim.policy.baselines`), capped at K likewise
 ==================  ======================================================================================
@@ -43,7 +44,7 @@ import numpy as np
 from sdlib.sim.oracle import PreparedTraces, step_records
 
 #: Per-step policies (sdlib.sim.policy.replay_plans.POLICY_METHODS: the methods each can replay on).
-STEP_POLICIES = ("online", "ngram-eagle", "ngram-eagle-long", "arctic", "sglang-adaptive", "dynamic-sd",
+STEP_POLICIES = ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic", "sglang-adaptive", "dynamic-sd",
                  "specdecode-adaptive")
 #: Policies the engine replay knows (sdlib.vllm.replay), with what each replays.
 POLICIES = ("fixed", "oracle", "combine", "accept_all", "accept_none", "propose_nothing") + STEP_POLICIES

@@ -145,7 +145,10 @@ class OnlinePolicy(Policy):
 
     ``models``: ``{"ngram": HazardModel, "eagle3": HazardModel}``, or a list of such dicts with
     ``model_of_request`` (R,) choosing one per request (cross-fitting). ``cost_models`` and ``batch_sizes``:
-    one configuration per pair (lanes of :func:`~sdlib.sim.policy.walk.walk`). ``criterion``: ``rate`` (the
+    one configuration per pair (lanes of :func:`~sdlib.sim.policy.walk.walk`). ``engine_k``: the engine
+    verifies this many draft slots at every step whatever the policy drafts (vLLM 0.26's EAGLE-3 path: its
+    head drafts K every step and every row verifies K), so every option is priced at K; None: a step costs
+    what it drafts (the engine model's per-step k). ``criterion``: ``rate`` (the
     largest ``E[g] / t``) or ``renewal`` (the largest ``E[g] - rho * t``, ``rho`` = the lane's tokens per second
     so far: the long-run optimum when predictions are calibrated).
     """
@@ -154,7 +157,7 @@ class OnlinePolicy(Policy):
 
     def __init__(self, models, cost_models: Sequence, batch_sizes: Sequence[int], variant: str = "online",
                  model_of_request: Optional[np.ndarray] = None, kmax: int = KMAX, record_features: bool = False,
-                 criterion: str = "rate"):
+                 criterion: str = "rate", engine_k: Optional[int] = None):
         if variant not in VARIANTS:
             raise ValueError(f"variant {variant!r} not in {sorted(VARIANTS)}")
         if criterion not in ("rate", "renewal"):
@@ -166,6 +169,13 @@ class OnlinePolicy(Policy):
         self.kmax = kmax
         self.B = np.asarray(batch_sizes, dtype=float)
         tabs = [price_table(cm, int(b), kmax) for cm, b in zip(cost_models, batch_sizes)]
+        if engine_k is not None:  # every step costs the path's K: no option is cheaper than drafting K
+            for t in tabs:
+                full = t["base"][EAGLE][min(int(engine_k), kmax)]
+                for d in (NONE, NGRAM, EAGLE):
+                    t["base"][d], t["slope"][d] = np.full(kmax + 1, full), t["slope"][EAGLE]
+                t["cu"] = 0.0
+        self.engine_k = engine_k
         self.base = {d: np.stack([t["base"][d] for t in tabs]).astype(np.float32) for d in (NONE, NGRAM, EAGLE)}
         self.slope = {d: np.array([t["slope"][d] for t in tabs]) for d in (NONE, NGRAM, EAGLE)}
         self.cu = np.array([t["cu"] for t in tabs])
