@@ -87,11 +87,14 @@ def _boot_ratio(num: np.ndarray, den: np.ndarray, n_boot: int, seed: int) -> tup
 
 
 def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, n_boot: int = N_BOOT,
-                    seed: int = SEED) -> pd.DataFrame:
+                    seed: int = SEED, baseline: str = BASELINE) -> pd.DataFrame:
     """Per (dataset, method label, batch size): speedup = mean tok/s / mean no-SD tok/s over the prompts both
     ran (the paper's definition, a ratio of means), with ``speedup_lo``/``speedup_hi`` (paired bootstrap over
-    prompts), ``tok_per_s`` and its interval, and ``n_prompts``."""
-    base = batches[batches["method_label"] == BASELINE].set_index(["dataset", "batch_size", "prompt_index"])
+    prompts), ``tok_per_s`` and its interval, and ``n_prompts``. ``baseline``: the method label in the
+    denominator (another method's label: throughput relative to it, paired the same way)."""
+    if baseline not in set(batches["method_label"]):
+        raise ValueError(f"baseline {baseline!r} is not a method label of these runs")
+    base = batches[batches["method_label"] == baseline].set_index(["dataset", "batch_size", "prompt_index"])
     rows = []
     for (ds, lab, bs), g in batches.groupby(["dataset", "method_label", "batch_size"]):
         g = g.set_index(["dataset", "batch_size", "prompt_index"])

@@ -52,3 +52,17 @@ def replay_report(sweep_dir: str | Path, cost_models: Sequence[CostModel] = ()) 
             first.rename(columns={"speedup_sim": "speedup"}), on=["dataset", "method_label", "batch_size"])
         out["stack_simulated"] = bounds_stack(sim)
     return out
+
+
+def measured_relative(sweep_dir: str | Path, reference: str) -> pd.DataFrame:
+    """Per (dataset, method label, batch size) of a replay sweep: throughput relative to the ``reference``
+    method label on the same prompts (``vs_reference``, a ratio of means) with a 95% interval (paired bootstrap
+    over prompts, :func:`~sdlib.analysis.replay.paired_speedups`); batches with harness hiccups left out."""
+    store = SweepStore(sweep_dir)
+    info = method_info(store.read_provenance())
+    runs, req, es = store.read("runs"), store.read("requests"), store.read("engine_steps")
+    hiccups = harness_hiccups(req, es).merge(runs[["run_id"]], on="run_id")
+    rel = paired_speedups(batch_throughput(runs, req, exclude=hiccups), info, baseline=reference)
+    rel = rel.rename(columns={"speedup": "vs_reference", "speedup_lo": "vs_reference_lo",
+                              "speedup_hi": "vs_reference_hi"})
+    return rel.assign(reference=reference)

@@ -110,8 +110,10 @@ def plot_stacks(measured: pd.DataFrame, simulated: pd.DataFrame, datasets: Seque
     return fm, fs
 
 
-def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str):
-    """Measured speedup vs batch size with its 95% band, a panel per dataset, a line per policy."""
+def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str,
+                          ylabel: str = "measured speedup over no SD", value: str = "speedup"):
+    """Measured speedup vs batch size with its 95% band, a panel per dataset, a line per policy; ``value``:
+    the column drawn (its interval in ``<value>_lo``/``<value>_hi``)."""
     ds = sorted(sp["dataset"].unique())
     fig, axes = new_figure(1, len(ds), width=3.6, height=3.6, sharey=True)
     for ax, d in zip(axes[0], ds):
@@ -119,15 +121,20 @@ def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str):
             g = sp[(sp["dataset"] == d) & (sp["method_label"] == lab)].sort_values("batch_size")
             if g.empty:
                 continue
-            ax.plot(g["batch_size"], g["speedup"], marker="o", ms=3, color=f"C{i}", label=lab)
-            ax.fill_between(g["batch_size"], g["speedup_lo"], g["speedup_hi"], color=f"C{i}", alpha=0.15)
+            ax.plot(g["batch_size"], g[value], marker="o", ms=3, color=f"C{i % 10}", label=lab,
+                    ls="-" if i < 10 else "--")
+            ax.fill_between(g["batch_size"], g[f"{value}_lo"], g[f"{value}_hi"], color=f"C{i % 10}", alpha=0.15)
         ax.axhline(1, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         bss = sorted(sp["batch_size"].unique())
         ax.set_xticks(bss, [str(b) for b in bss])
-        ax.set(title=d, xlabel="batch size", ylabel="measured speedup over no SD" if d == ds[0] else "")
-    handles, lab_ = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, lab_, loc="lower center", ncol=min(len(labels), 4), fontsize=8, bbox_to_anchor=(0.5, -0.1))
+        ax.set(title=d, xlabel="batch size", ylabel=ylabel if d == ds[0] else "")
+    handles, lab_ = {}, {}
+    for ax in axes[0]:  # every label once, even one a panel lacks
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    # legend right of the panels (a row of them below hid the x labels once there were more than 4 lines)
+    fig.legend(list(handles.values()), list(handles), loc="center left", fontsize=8, bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(title, fontsize=9)
     return fig
 
