@@ -138,6 +138,41 @@ def test_05_oracle_combine_instructcoder_bs1_authors(notebook_runs):
 
 
 # ---------------------------------------------------------------------------
+# notebook 07: the measured H200 ratios are the requests' own throughput; the gap shares are the table's
+# ---------------------------------------------------------------------------
+
+def test_07_measured_ratio_is_batch_throughput_of_the_requests(notebook_runs):
+    from sdlib.store import SweepStore
+
+    csv = notebook_runs.csv("07_online_policy", "07_online_policy__measured_h200_vs_reference.csv")
+    ref = csv.reference.iloc[0]
+    store = SweepStore("data/sweeps/h200_online")
+    runs, req = store.read("runs"), store.read("requests")
+    for label, ds, B in (("eagle3-k3-online-at-k", "instructcoder", 128), ("eagle3-k10-combine", "gsm8k", 1)):
+        def tok_s(lab):
+            ids = runs[(runs.method_label == lab) & (runs.dataset == ds) & (runs.batch_size == B)].run_id
+            r = req[req.run_id.isin(ids)].groupby("batch_index").agg(t=("output_tokens", "sum"),
+                                                                     a=("arrival_s", "min"), f=("finish_s", "max"))
+            return (r.t / (r.f - r.a)).mean()
+
+        row = csv[(csv.method_label == label) & (csv.dataset == ds) & (csv.batch_size == B)]
+        assert len(row) == 1 and row.vs_reference_lo.iloc[0] <= row.vs_reference.iloc[0] <= row.vs_reference_hi.iloc[0]
+        assert row.vs_reference.iloc[0] == pytest.approx(tok_s(label) / tok_s(ref), rel=1e-6)
+
+
+def test_07_gap_share_is_the_policy_table(notebook_runs):
+    table = notebook_runs.csv("07_online_policy", "07_online_policy__table.csv")
+    crit = notebook_runs.csv("07_online_policy", "07_online_policy__criteria.csv")
+    for _, c in crit.iterrows():
+        t = table[(table.cost_model == c.cost_model) & (table.dataset == c.dataset) & (table.batch_size == c.batch_size)]
+        sp = t.set_index("policy").speedup
+        best = sp[[p for p in sp.index if p.startswith("fixed-")]].max()
+        assert c.best_fixed_speedup == pytest.approx(best, rel=1e-9)
+        assert c.gap_share == pytest.approx((sp["online"] - best) / (sp["combine"] - best), abs=1e-6)
+        assert c.not_below_interval == (sp["online"] >= t.set_index("policy").speedup_lo[c.best_fixed] - 1e-12)
+
+
+# ---------------------------------------------------------------------------
 # inputs that are not there: a clear error naming the folder, not another sweep's figures
 # ---------------------------------------------------------------------------
 
