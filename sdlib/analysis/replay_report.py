@@ -28,11 +28,7 @@ def replay_report(sweep_dir: str | Path, cost_models: Sequence[CostModel] = ()) 
     ``calibration``, ``step_costs``, ``engine_fits``, ``predictions`` (simulator with each cost model, ragged
     and padded, and the engine refit), ``comparison`` (measured beside each prediction), ``errors``,
     ``stack_measured`` and ``stack_simulated`` (the first cost model, as the engine pads)."""
-    store = SweepStore(sweep_dir)
-    info = method_info(store.read_provenance())
-    runs, req, es = store.read("runs"), store.read("requests"), store.read("engine_steps")
-    hiccups = harness_hiccups(req, es).merge(runs[["run_id", "method_label", "dataset", "batch_size"]], on="run_id")
-    batches = batch_throughput(runs, req, exclude=hiccups)
+    store, info, runs, es, hiccups, batches = _batches(sweep_dir)
     sp = paired_speedups(batches, info)
     bss = sorted(runs["batch_size"].unique())
     preps = replay_traces(store.read_provenance())
@@ -58,11 +54,17 @@ def measured_relative(sweep_dir: str | Path, reference: str) -> pd.DataFrame:
     """Per (dataset, method label, batch size) of a replay sweep: throughput relative to the ``reference``
     method label on the same prompts (``vs_reference``, a ratio of means) with a 95% interval (paired bootstrap
     over prompts, :func:`~sdlib.analysis.replay.paired_speedups`); batches with harness hiccups left out."""
-    store = SweepStore(sweep_dir)
-    info = method_info(store.read_provenance())
-    runs, req, es = store.read("runs"), store.read("requests"), store.read("engine_steps")
-    hiccups = harness_hiccups(req, es).merge(runs[["run_id"]], on="run_id")
-    rel = paired_speedups(batch_throughput(runs, req, exclude=hiccups), info, baseline=reference)
+    _, info, _, _, _, batches = _batches(sweep_dir)
+    rel = paired_speedups(batches, info, baseline=reference)
     rel = rel.rename(columns={"speedup": "vs_reference", "speedup_lo": "vs_reference_lo",
                               "speedup_hi": "vs_reference_hi"})
     return rel.assign(reference=reference)
+
+
+def _batches(sweep_dir: str | Path) -> tuple:
+    """(store, method info, runs, engine steps, hiccups, per-batch throughput without the hiccups) of a sweep."""
+    store = SweepStore(sweep_dir)
+    info = method_info(store.read_provenance())
+    runs, req, es = store.read("runs"), store.read("requests"), store.read("engine_steps")
+    hiccups = harness_hiccups(req, es).merge(runs[["run_id", "method_label", "dataset", "batch_size"]], on="run_id")
+    return store, info, runs, es, hiccups, batch_throughput(runs, req, exclude=hiccups)

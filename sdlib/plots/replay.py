@@ -129,7 +129,7 @@ def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str,
         bss = sorted(sp["batch_size"].unique())
         ax.set_xticks(bss, [str(b) for b in bss])
         ax.set(title=d, xlabel="batch size", ylabel=ylabel if d == ds[0] else "")
-    handles, lab_ = {}, {}
+    handles: dict = {}
     for ax in axes[0]:  # every label once, even one a panel lacks
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)

@@ -42,10 +42,10 @@ from typing import Optional
 import numpy as np
 
 from sdlib.sim.oracle import PreparedTraces, step_records
+from sdlib.sim.policy.replay_plans import POLICY_METHODS
 
-#: Per-step policies (sdlib.sim.policy.replay_plans.POLICY_METHODS: the methods each can replay on).
-STEP_POLICIES = ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic", "sglang-adaptive", "dynamic-sd",
-                 "specdecode-adaptive")
+#: Per-step policies: those of sdlib.sim.policy.replay_plans.POLICY_METHODS (with the methods each can replay on).
+STEP_POLICIES = tuple(POLICY_METHODS)
 #: Policies the engine replay knows (sdlib.vllm.replay), with what each replays.
 POLICIES = ("fixed", "oracle", "combine", "accept_all", "accept_none", "propose_nothing") + STEP_POLICIES
 #: Calibration policies: acceptance fixed by the policy, not by the traces.

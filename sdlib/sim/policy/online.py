@@ -35,9 +35,6 @@ from sdlib.sim.policy.predictor import FEATURES, HazardModel
 #: pseudo-counts (accepted, rejected).
 EMA_DECAY, EMA_DECAY_SLOW = 0.8, 0.97
 PRIOR_ACCEPTED, PRIOR_REJECTED = 1.0, 0.5
-#: Decay of a deployment's pooled counts per observation (:class:`DeploymentPool`); 1: every step it served
-#: counts alike (the deployment's level, not its recent position-dependent swings).
-POOL_DECAY = 1.0
 #: Variant name -> drafters it may choose between.
 VARIANTS = {"online": ("ngram", "eagle3"), "online-eagle3": ("eagle3",), "online-ngram": ("ngram",)}
 
@@ -57,15 +54,6 @@ def dynamic_features(state: dict) -> np.ndarray:
                             state["last_full"], np.log1p(state["last_gain"]), *pool])
 
 
-def lane_features(inp: PolicyInputs, req: np.ndarray, pos: np.ndarray, state: dict) -> np.ndarray:
-    """(n, len(FEATURES)) features of the lanes at their current position (static, then state)."""
-    S = inp.extra["static_X"]
-    ok = pos < inp.G[req]
-    Xs = np.zeros((req.size, S.shape[1]))
-    Xs[ok] = S[inp.off[req[ok]] + pos[ok]]
-    return np.column_stack([Xs, dynamic_features(state)])
-
-
 def init_state(n: int) -> dict:
     z = np.zeros(n)
     st = {f"{d}_{x}{s}": z.copy() for d in ("ng", "eg") for x in ("acc", "rej") for s in ("", "_s")}
@@ -75,46 +63,43 @@ def init_state(n: int) -> dict:
 class DeploymentPool:
     """Acceptance counts pooled over every request of a deployment: what an engine has seen of each drafter on
     all the requests it served so far (a workload's level, which one request's first steps cannot show; the
-predictor fitted on a mix of workloads is off by the workload's level otherwise: on GSM8K it overrated the
-n-gram by 16% and underrated EAGLE-3 by 5% at 3 drafted tokens).
+    predictor fitted on a mix of workloads is off by the workload's level otherwise: on GSM8K it overrated the
+    n-gram by 16% and underrated EAGLE-3 by 5% at 3 drafted tokens).
 
     A deployment is a (configuration, dataset) pair of the walk: the requests of one dataset served at one
-    batch size and cost model (the paper runs one dataset at a time). Counts are updated after each step
-    (decayed by :data:`POOL_DECAY` per observation), so a step sees only steps that ended before it. The walk
-    runs a deployment's requests in lockstep, as if all were served at once: a request's early steps see the
-    other requests' early steps, where a server that admits requests over time would show a mix of positions.
+    batch size and cost model (the paper runs one dataset at a time). Counts add up every step served (the
+    deployment's level, not its recent position-dependent swings) and are updated after each step, so a step
+    sees only steps that ended before it. The walk runs a deployment's requests in lockstep, as if all were
+    served at once: a request's early steps see the other requests' early steps, where a server that admits
+    requests over time would show a mix of positions.
     """
 
+    KEYS = ("pool_ng_acc", "pool_ng_rej", "pool_eg_acc", "pool_eg_rej")
+
     def __init__(self):
-        self.counts: Optional[np.ndarray] = None  # (groups, 4): ng acc, ng rej, eg acc, eg rej
+        self.counts: Optional[np.ndarray] = None  # (groups, 4) in KEYS order
         self.codes: Optional[np.ndarray] = None
 
     def groups(self, inp: PolicyInputs, lanes: Lanes) -> np.ndarray:
-        if self.codes is None or self.codes.size != len(inp.prep.dataset):
+        """Each lane's deployment; the table is sized at the walk's first step, when every lane is active."""
+        if self.counts is None:
             self.codes = np.unique(np.asarray(inp.prep.dataset, dtype=object), return_inverse=True)[1].ravel()
-        n_ds = int(self.codes.max()) + 1 if self.codes.size else 1
-        g = lanes.cfg.astype(np.int64) * n_ds + self.codes[lanes.req]
-        if self.counts is None or self.counts.shape[0] <= g.max(initial=0):
-            old = self.counts
-            self.counts = np.zeros((int(g.max(initial=0)) + 1, 4))
-            if old is not None:
-                self.counts[:old.shape[0]] = old
-        return g
+            self.n_ds = int(self.codes.max(initial=0)) + 1
+            self.counts = np.zeros(((int(lanes.cfg.max(initial=0)) + 1) * self.n_ds, len(self.KEYS)))
+        return lanes.cfg.astype(np.int64) * self.n_ds + self.codes[lanes.req]
 
     def set_lanes(self, inp: PolicyInputs, lanes: Lanes) -> None:
         g = self.groups(inp, lanes)
-        for j, key in enumerate(("pool_ng_acc", "pool_ng_rej", "pool_eg_acc", "pool_eg_rej")):
+        for j, key in enumerate(self.KEYS):
             lanes.state[key] = self.counts[g, j]
 
     def add(self, inp: PolicyInputs, lanes: Lanes, obs: list) -> None:
         """``obs``: [(seen, acc, rej)] for the n-gram then EAGLE-3, per lane."""
         g = self.groups(inp, lanes)
         for j, (seen, acc, rej) in enumerate(obs):
-            n_seen = np.bincount(g[seen], minlength=self.counts.shape[0])
-            decay = POOL_DECAY ** n_seen
             for col, v in ((2 * j, acc), (2 * j + 1, rej)):
-                self.counts[:, col] = decay * self.counts[:, col] + np.bincount(
-                    g[seen], weights=np.asarray(v, float)[seen], minlength=self.counts.shape[0])
+                self.counts[:, col] += np.bincount(g[seen], weights=np.asarray(v, float)[seen],
+                                                   minlength=self.counts.shape[0])
 
 
 def observe_acceptance(inp: PolicyInputs, lanes: Lanes, drafter, proposed, gain,
@@ -128,13 +113,13 @@ def observe_acceptance(inp: PolicyInputs, lanes: Lanes, drafter, proposed, gain,
     m = chk > 0
     e = drafter == EAGLE
     a_eg = inp.acc_eg[flat] - 1
+    obs = [(m, np.minimum(a_ng, chk), a_ng < chk), (e, np.minimum(a_eg, proposed), a_eg < proposed)]
     for sfx, decay in (("", EMA_DECAY), ("_s", EMA_DECAY_SLOW)):
-        for d, seen, acc, rej in (("ng", m, np.minimum(a_ng, chk), a_ng < chk),
-                                  ("eg", e, np.minimum(a_eg, proposed), a_eg < proposed)):
+        for d, (seen, acc, rej) in zip(("ng", "eg"), obs):
             st[f"{d}_acc{sfx}"] = np.where(seen, decay * st[f"{d}_acc{sfx}"] + acc, st[f"{d}_acc{sfx}"])
             st[f"{d}_rej{sfx}"] = np.where(seen, decay * st[f"{d}_rej{sfx}"] + rej, st[f"{d}_rej{sfx}"])
     if pool is not None:
-        pool.add(inp, lanes, [(m, np.minimum(a_ng, chk), a_ng < chk), (e, np.minimum(a_eg, proposed), a_eg < proposed)])
+        pool.add(inp, lanes, obs)
     st["eg_seen"] = np.where(e, pos + gain, st["eg_seen"])
     st["last_full"] = ((proposed > 0) & (gain == proposed + 1)).astype(float)
     st["last_gain"] = gain.astype(float)

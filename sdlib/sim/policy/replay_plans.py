@@ -28,8 +28,8 @@ from sdlib.sim.oracle import PreparedTraces, step_records
 from sdlib.sim.policy.walk import Capped, Policy, PolicyInputs, PolicySteps, from_step_records, walk
 
 #: Replay policy -> methods (engine paths) it can be replayed on.
-POLICY_METHODS = {"online": ("eagle3",), "online-at-k": ("eagle3",), "ngram-eagle": ("eagle3",), "ngram-eagle-long": ("eagle3",),
-                  "arctic": ("eagle3",), "sglang-adaptive": ("eagle3",), "dynamic-sd": ("eagle3",),
+POLICY_METHODS = {"online": ("eagle3",), "online-at-k": ("eagle3",), "ngram-eagle": ("eagle3",),
+                  "ngram-eagle-long": ("eagle3",), "arctic": ("eagle3",), "sglang-adaptive": ("eagle3",), "dynamic-sd": ("eagle3",),
                   "specdecode-adaptive": ("eagle3", "ngram")}
 #: Policies whose steps use both drafters: the engine runs vLLM's n-gram look-up beside EAGLE-3.
 MIXED = ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic")

@@ -148,17 +148,20 @@ def save_predictor(pred: Predictor, path: str | Path, requests=None, producer: O
         obj["fold_of_request"] = {f"{d}/{r}": int(k) for (d, r), k in zip(requests, pred.fold)}
     if path.exists():  # the same fit again: keep the file (and its date), so a rerun leaves git clean
         try:
-            old = json.loads(path.read_text())
-            stamp = ("written_at", "git_commit")
-            if ({k: v for k, v in old.get("info", {}).items() if k not in stamp} ==
-                    {k: v for k, v in json.loads(json.dumps(info)).items() if k not in stamp}
-                    and {k: v for k, v in old.items() if k != "info"} ==
-                    json.loads(json.dumps({k: v for k, v in obj.items() if k != "info"}))):
+            if _unstamped(json.loads(path.read_text())) == _unstamped(obj):
                 return path
         except (OSError, ValueError):
             pass
     path.write_text(json.dumps(obj, indent=1) + "\n")
     return path
+
+
+def _unstamped(obj: dict) -> dict:
+    """``obj`` as JSON would read it back, without when and at which commit it was written."""
+    obj = json.loads(json.dumps(obj))
+    for k in ("written_at", "git_commit"):
+        obj.get("info", {}).pop(k, None)
+    return obj
 
 
 def load_predictor(path: str | Path, inp: PolicyInputs) -> Predictor:
