@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -62,6 +63,21 @@ def _folder_fingerprint(path: str, mtime_key: float) -> str:
             h.update(fh.read(1 << 20))  # configs whole; weights: size + first MiB
         h.update(str(f.stat().st_size).encode())
     return h.hexdigest()[:12]
+
+
+def _file_fingerprint(path: str) -> Optional[str]:
+    """sha256[:12] of a file's bytes (cached while its mtime and size stay), None if it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _file_digest(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:  # noqa: ARG001 - the cache key
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()[:12]
 
 
 def hub_revision(repo_id: str) -> Optional[str]:
@@ -325,6 +341,10 @@ class Cell:
         engine.pop("startup_timeout_s", None)
         key["engine"] = {k: v for k, v in engine.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
         key["seed"] = self.seed
+        from sdlib.sim.policy.replay_plans import ONLINE_REPLAYS, online_inputs
+
+        if self.method.replay in ONLINE_REPLAYS:  # plans decided by committed files: a refit is a new cell
+            key["replay_inputs"] = {f: _file_fingerprint(str(resolve(f))) for f in online_inputs()}
         return key
 
     @property

@@ -85,3 +85,19 @@ def test_online_at_k_drafts_k_every_step_and_only_chooses_the_drafter():
         st_k = policy_steps(prep, "eagle3", "online", K=3, batch_size=B)
         if B == 128:
             assert (st_k.n_i - 1).mean() < prop.mean()
+
+
+def test_a_refitted_predictor_gives_the_online_replay_cells_new_run_ids(tmp_path, monkeypatch):
+    """The online plans are decided from committed files: a refit must not leave old cells looking done."""
+    from sdlib.sim.policy import replay_plans
+
+    sweep = load_sweep("configs/h200_online.yaml")
+    before = {c.coordinates: c.run_id for c in sweep.cells()}
+    pred = tmp_path / "predictor.json"
+    pred.write_text('{"refit": 1}')
+    monkeypatch.setattr(replay_plans, "online_inputs", lambda: [str(pred), "data/costmodels/h200_replay_engine.json"])
+    after = {c.coordinates: c.run_id for c in sweep.cells()}
+    changed = {co[1] for co in before if before[co] != after[co]}
+    assert changed == {c.method.label for c in sweep.cells() if c.method.replay in replay_plans.ONLINE_REPLAYS}
+    pred.write_text('{"refit": 22}')  # another size: the digest cache keys on (mtime, size)
+    assert {c.coordinates: c.run_id for c in sweep.cells()} != after

@@ -35,8 +35,15 @@ POLICY_METHODS = {"online": ("eagle3",), "online-at-k": ("eagle3",), "ngram-eagl
 MIXED = ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic")
 REPLAY_COST_MODEL = "h200_replay_engine"
 REPLAY_PREDICTOR = "data/predictors/online_reference.json"
+#: Replay policies whose plans read those two files (a sweep cell's key hashes them: sdlib.config).
+ONLINE_REPLAYS = ("online", "online-at-k")
 #: #24344's settings (n-gram k, EAGLE k) and issue #13's long variant's.
 NGRAM_EAGLE_K, NGRAM_EAGLE_LONG_K = (5, 3), (20, 5)
+
+
+def online_inputs() -> list[str]:
+    """Repo-relative files the online replay plans are decided from: the predictor and the cost model."""
+    return [REPLAY_PREDICTOR, f"data/costmodels/{REPLAY_COST_MODEL}.json"]
 
 
 def _online(inp: PolicyInputs, K: int, batch_size: int, at_k: bool = False) -> Policy:
@@ -70,7 +77,7 @@ def policy_steps(prep: PreparedTraces, method: str, policy: str, K: int, batch_s
         if k == 0:
             return _plain_decode(inp, "eagle3", "padded")
         return from_step_records(step_records(prep, "eagle3", f"FIXED_{k}", "corrected"), "padded", k, "eagle3")
-    if policy in ("online", "online-at-k"):
+    if policy in ONLINE_REPLAYS:
         pol: Policy = _online(inp, K, batch_size, at_k=policy == "online-at-k")
     elif policy == "ngram-eagle":
         pol = NgramOrEagle(*NGRAM_EAGLE_K)
