@@ -100,22 +100,42 @@ def _kept(before: dict) -> None:
         assert f.exists() and f.stat().st_mtime_ns == mtime, f"finished cell file lost or changed: {f}"
 
 
-def _killable_worker(marker: str, store: SweepStore) -> dict:
-    """A live worker whose engine has cells left that it cannot finish before a SIGKILL lands: at least two
-    to do, or none done yet (its engine is still starting). Empty when there is none right now."""
-    done = store.done_ids()
+def _stopped_worker(marker: str, store: SweepStore) -> dict:
+    """A live worker, stopped (SIGSTOP) with cells still to do, so that a SIGKILL lands mid-work whatever the
+    machine's load: a stopped worker writes no cell, so the cells not done now are exactly those the kill
+    must fail. Empty (and every worker left running) when there is none right now."""
     for pid in _ours(marker):
         argv = _cmdline(pid).split()
         if "worker" not in argv or not argv[-1].endswith(".spec.json"):
             continue
         try:
             run_ids = set(json.loads(Path(argv[-1]).read_text())["run_ids"])
+            os.kill(pid, signal.SIGSTOP)
         except (OSError, ValueError, KeyError):
             continue
-        todo = run_ids - done
-        if len(todo) >= 2 or todo == run_ids:
-            return {"pid": pid, "run_ids": run_ids}
+        if _wait_stopped(pid):
+            todo = run_ids - store.done_ids()
+            if todo:
+                return {"pid": pid, "run_ids": run_ids, "todo": todo}
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
     return {}
+
+
+def _wait_stopped(pid: int, timeout: float = 5.0) -> bool:
+    """True once ``pid`` is in the stopped state (T); False if it is gone or does not stop in time."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        if stat[stat.rindex(")") + 2] == "T":
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_faults(setup):
@@ -125,7 +145,7 @@ def test_faults(setup):
     proc = _start(p, marker)
     _wait_for(lambda: len(store.done_ids()) >= 1, 300, "a first cell")
     found: dict = {}
-    _wait_for(lambda: found.update(_killable_worker(marker, store)) or found, 300, "a worker with cells to do")
+    _wait_for(lambda: found.update(_stopped_worker(marker, store)) or found, 300, "a worker with cells to do")
     before = _snapshot(store)
     shm = shm_files(_ours(marker))
     os.kill(found["pid"], signal.SIGKILL)
@@ -134,7 +154,8 @@ def test_faults(setup):
     assert not [f for f in shm if Path(f).exists()], "shared memory left after the worker was killed"
     _kept(before)
     failed = set(store.failures()["run_id"]) if len(store.failures()) else set()
-    assert failed and failed == found["run_ids"] - store.done_ids()
+    assert failed and failed == found["todo"] == found["run_ids"] - store.done_ids(), \
+        f"failures recorded {sorted(failed)}; cells not done when the worker was killed {sorted(found['todo'])}"
     # 2. resume: every cell done
     proc = _start(p, marker)
     assert proc.wait(timeout=600) == 0
