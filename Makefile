@@ -13,7 +13,7 @@ SERVING ?= configs/embedded_serving.yaml
 TRACE_DATASETS ?= sharegpt code_edit
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep serving traces costmodels predictor notebooks figures test test-fast bench bench-serving roofline lab strip clean-sweep
+.PHONY: setup models sweep serving traces confidences costmodels predictor notebooks figures test test-fast bench bench-serving roofline lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,15 @@ traces: setup
 	    --num-requests 12 --methods ngram,eagle3 --k 8 --dtype bfloat16 --max-model-len 1024 --out $$out || exit 1; \
 	done
 
+# EAGLE-3's top-1 probability of each draft along those traces (torch, offline; about 1 min per file on 2
+# cores): notebook 07's confidence section. Existing files are kept.
+confidences: setup
+	for ds in $(TRACE_DATASETS); do \
+	  out=data/traces/confidences/embedded_$$ds.jsonl.gz; \
+	  if [ -f $$out ]; then echo "$$out exists (delete it to remake)"; continue; fi; \
+	  $(PY) -m sdlib confidences --traces data/traces/embedded_$$ds.jsonl.gz --models data/models --out $$out || exit 1; \
+	done
+
 # the cost models fitted to committed sweeps (data/costmodels/*.json; sdlib.sim.costfit.COMMITTED_FITS)
 costmodels: setup
 	$(PY) -m sdlib.sim.costfit --committed
@@ -63,7 +72,7 @@ predictor: setup
 notebooks: setup
 	$(PY) -m sdlib.plots.notebooks --out build/notebooks
 
-figures: sweep traces costmodels predictor serving notebooks
+figures: sweep traces confidences costmodels predictor serving notebooks
 
 # notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary
 # folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py)

@@ -32,6 +32,8 @@ DELEGATED = {
     "train": ("train, check and describe the embedded models (prepare, fit, check, cards)",
               "sdlib.models.train.cli"),
     "traces": ("write teacher-forced acceptance traces of our models (JSONL + provenance)", "sdlib.run.traces"),
+    "confidences": ("EAGLE-3's top-1 probability of each draft along one of our traces (JSONL + provenance)",
+                    "sdlib.run.confidences"),
     "serve": ("serving sweep: vLLM's OpenAI server under open-loop traffic -> data/serving/<name>/",
               "sdlib.serve.cli"),
     "codeedit": ("print code-edit examples as JSON lines", "sdlib.workloads.codeedit"),

@@ -149,6 +149,25 @@ def _serving_rule(f: str) -> str:
     return f"{f}: not a file `sdlib serve` writes"
 
 
+def _confidence_rule(f: str) -> str:
+    """data/traces/confidences/<stem>.jsonl.gz + .provenance.json <- `make confidences` (sdlib confidences
+    --out <file>), from the trace file as it is now (its sha256)."""
+    from sdlib.models.train.files import sha256
+
+    stem = re.sub(r"\.(jsonl\.gz|provenance\.json)$", "", f)
+    prov_path = REPO_ROOT / f"{stem}.provenance.json"
+    if not (REPO_ROOT / f"{stem}.jsonl.gz").exists() or not prov_path.exists():
+        return f"{f}: a confidence file needs both {stem}.jsonl.gz and {stem}.provenance.json"
+    prov = _json(prov_path)
+    argv = prov.get("argv", [])
+    if argv[:2] != ["sdlib", "confidences"] or "--out" not in argv or argv[argv.index("--out") + 1] != f"{stem}.jsonl.gz":
+        return f"{f}: its provenance argv is not an `sdlib confidences --out {stem}.jsonl.gz` command: {argv}"
+    src = REPO_ROOT / prov.get("traces", "")
+    if not src.is_file() or sha256(src) != prov.get("traces_sha256"):
+        return f"{f}: made from {prov.get('traces')!r} as it was, not as it is now (sha256 differs): `make confidences`"
+    return ""
+
+
 def _predictor_rule(f: str) -> str:
     """data/predictors/<name>.json <- `sdlib simulate ... --save-predictor data/predictors/<name>.json`."""
     prod = _json(REPO_ROOT / f).get("info", {}).get("producer", "")
@@ -166,6 +185,7 @@ DATA_RULES = [
     (r"data/sweeps/[^/]+/.+", _sweep_rule),
     (r"data/costmodels/[^/]+\.json", _costmodel_rule),
     (r"data/traces/[^/]+\.(jsonl\.gz|provenance\.json)", _trace_rule),
+    (r"data/traces/confidences/[^/]+\.(jsonl\.gz|provenance\.json)", _confidence_rule),
     (r"data/models/.+", _models_rule),
     (r"data/benchmarks/[^/]+\.md", _bench_rule),
     (r"data/serving/[^/]+/.+", _serving_rule),

@@ -172,6 +172,22 @@ def test_07_gap_share_is_the_policy_table(notebook_runs):
         assert c.not_below_interval == (sp["online"] >= t.set_index("policy").speedup_lo[c.best_fixed] - 1e-12)
 
 
+def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
+    table = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_table.csv")
+    gaps = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_gaps.csv")
+    assert set(gaps.policy) >= {"online-confidence", "online-eagle3", "oracle-eagle3"} and (gaps.upper == "oracle-eagle3").all()
+    for _, g in gaps.iterrows():
+        t = table[(table.cost_model == g.cost_model) & (table.dataset == g.dataset) & (table.batch_size == g.batch_size)]
+        sp = t.set_index("policy").speedup
+        fixed = sp[[p for p in sp.index if p.startswith("fixed-")]]
+        assert all(p.startswith("fixed-eagle3-") for p in fixed.index) and g.best_fixed == fixed.idxmax()
+        assert g.gap_share == pytest.approx((sp[g.policy] - fixed.max()) / (sp["oracle-eagle3"] - fixed.max()), abs=1e-6)
+        assert g.vs_best_fixed == pytest.approx(sp[g.policy] / fixed.max(), rel=1e-6)
+        assert g.vs_best_fixed_lo <= g.vs_best_fixed <= g.vs_best_fixed_hi
+    rel = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_reliability.csv")
+    assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
+
+
 # ---------------------------------------------------------------------------
 # inputs that are not there: a clear error naming the folder, not another sweep's figures
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ Usage:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -25,6 +26,21 @@ TRACE = "trace"
 def sim_policy_title(cm_name: str, what: str, traces: str = "authors' traces (Llama-3.1-8B, H100)") -> str:
     """``<what>`` + a line saying the figure is simulated: whose traces, which cost model."""
     return f"{what}\nsimulated: {traces} + cost model {cm_name}, corrected convention"
+
+
+def our_traces_label(pattern: str) -> str:
+    """What produced our traces, from their provenance: ``our traces (<target>, acceptance from vLLM <v> on
+    <device>) + EAGLE-3 confidences (offline, float32)``."""
+    import glob
+    import json
+
+    from sdlib.sim.traces import provenance_path
+
+    provs = [json.loads(provenance_path(Path(f)).read_text()) for f in sorted(glob.glob(pattern))
+             if provenance_path(Path(f)).exists()]
+    parts = sorted({f"{p.get('target', '?')}, acceptance from vLLM {p.get('vllm_version', '?')} on "
+                    f"{p.get('device', '?')}" for p in provs}) or ["no provenance"]
+    return f"our traces (trained tiny models: {'; '.join(parts)})\n+ EAGLE-3 confidences (offline, float32)"
 
 
 def plot_gap_shares(wide: pd.DataFrame, cost_model: str, policies: Sequence[str], title: str):
@@ -124,4 +140,24 @@ def plot_measured(meas: pd.DataFrame, title: str):
         ax.set(title=ds, xlabel="batch size", ylabel="speedup over no SD" if c == 0 else "")
     fig.legend(loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, -0.08))
     fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_reliability(rel: pd.DataFrame, title: str):
+    """Acceptance rate of a reached draft against the drafter's top-1 confidence (a point per confidence bin,
+    its Wilson 95% interval as a bar; marker area ~ drafts in the bin), a panel per dataset; the diagonal is a
+    calibrated confidence."""
+    ds = list(dict.fromkeys(rel["dataset"]))
+    fig, axes = new_figure(1, len(ds), width=3.4, height=3.4, sharey=True)
+    for ax, d in zip(axes[0], ds):
+        g = rel[rel["dataset"] == d]
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--", label="calibrated")
+        ax.errorbar(g["conf"], g["rate"], yerr=[g["rate"] - g["rate_lo"], g["rate_hi"] - g["rate"]], fmt="none",
+                    ecolor="C0", lw=1)
+        ax.scatter(g["conf"], g["rate"], s=8 + 60 * g["n"] / max(g["n"].max(), 1), color="C0", zorder=3,
+                   label="accepted / reached")
+        ax.set(title=f"{d} ({int(g['n'].sum())} drafts)", xlabel="top-1 confidence of the draft",
+               ylabel="acceptance rate" if d == ds[0] else "", xlim=(0, 1.02), ylim=(0, 1.02))
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=9)
     return fig

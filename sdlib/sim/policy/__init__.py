@@ -6,6 +6,7 @@ Modules, in the order data flows:
     predictor     the acceptance predictor (hazard models per drafter) a policy uses
     training      cross-fitting the predictor (two folds by request hash), save / load
     online        the project's online policy (expected tokens per unit time under a cost model)
+    confidence    EAGLE-3's length stopped token by token on the head's own confidence (needs confidences)
     baselines     published adaptive rules (n-gram/EAGLE switch, SGLang, DynamicSD, SpecDecode-Bench ...)
     arctic        Arctic Inference's suffix-decoding rule
     walk          walking a policy over acceptance traces step by step (PolicyInputs, walk)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from sdlib.sim.policy.baselines import BASELINES
-from sdlib.sim.policy.table import FAMILIES, FIXED_KS, ONLINE_VARIANTS
+from sdlib.sim.policy.table import CONFIDENCE_POLICIES, FAMILIES, FIXED_KS, ONLINE_VARIANTS
 
 #: The committed, cross-fitted predictor for the reference traces (``--save-predictor`` writes one).
 REFERENCE_PREDICTOR = "data/predictors/online_reference.json"
@@ -89,10 +89,29 @@ def load_traces(spec: str):
     return df, min(ks)
 
 
+def load_confidences(spec: str) -> dict:
+    """{(dataset, request id): confidence rows} of the files matching ``spec`` (comma-separated globs)."""
+    import glob
+
+    from sdlib.sim.policy.confidence import read_confidences
+
+    files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
+    if not files:
+        raise UsageError(f"--confidences: no file matches {spec!r}")
+    out = {}
+    for f in files:
+        try:
+            ds, rows = read_confidences(f)
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"--confidences: {f}: {type(e).__name__}: {e}") from None
+        out.update({(ds, rid): conf for rid, conf in rows.items()})
+    return out
+
+
 def build_parser(prog: str = "sdlib simulate") -> argparse.ArgumentParser:
     ep = (f"policies: families {', '.join(FAMILIES)} (fixed = k in {list(FIXED_KS)} for eagle3 and ngram; "
           f"oracle = Oracle Proposal of each; combine = Oracle Combine); online variants "
-          f"{', '.join(ONLINE_VARIANTS)}; baselines {', '.join(BASELINES)}; or one fixed method as "
+          f"{', '.join(ONLINE_VARIANTS)}; with --confidences {', '.join(CONFIDENCE_POLICIES)}; baselines {', '.join(BASELINES)}; or one fixed method as "
           f"fixed-<eagle3|ngram>-k<k>. cost models: {', '.join(COST_MODEL_NAMES)} (data/costmodels/), or a path. "
           f"Reads traces; writes --out (CSV) and, if given, --gaps, --per-request, --save-predictor.")
     ap = _Parser(prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -109,6 +128,8 @@ def build_parser(prog: str = "sdlib simulate") -> argparse.ArgumentParser:
                                         "traces; other traces are cross-fitted)")
     ap.add_argument("--fit-predictor", action="store_true", help="cross-fit the predictor on these traces")
     ap.add_argument("--save-predictor", help="write the predictor used (JSON)")
+    ap.add_argument("--confidences", help="draft confidence files of the traces' requests (comma-separated globs; "
+                                          "written by sdlib confidences), for " + ", ".join(CONFIDENCE_POLICIES))
     ap.add_argument("--datasets", help="comma-separated subset of the traces' datasets")
     ap.add_argument("--sample", type=int, help="at most this many requests per dataset (seeded)")
     return ap
@@ -149,12 +170,21 @@ def run(args) -> int:
             raise UsageError(f"--datasets: {bad} not in the traces ({sorted(set(prep.dataset))})")
         prep = select_requests(prep, args.sample, ds)
     prep = truncate_traces(prep, None)
+    confidences = load_confidences(args.confidences) if args.confidences else None
+    if confidences is None and any(n in CONFIDENCE_POLICIES for n in names):
+        raise UsageError(f"--confidences: {[n for n in names if n in CONFIDENCE_POLICIES]} need the requests' draft "
+                         "confidences (sdlib confidences writes them)")
     t_load = time.perf_counter() - t0
     predictor = None
     if any(n in ONLINE_VARIANTS for n in names):
         predictor = _predictor(args, prep, k)
     t1 = time.perf_counter()
-    per_req = simulate_policies(prep, names, batch_sizes, cms, predictor=predictor, kmax=k)
+    try:
+        per_req = simulate_policies(prep, names, batch_sizes, cms, predictor=predictor, kmax=k, confidences=confidences)
+    except ValueError as e:
+        if confidences is None or "draft confidences" not in str(e):
+            raise
+        raise UsageError(f"--confidences: {e}") from None
     table, gaps = summarise(per_req)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

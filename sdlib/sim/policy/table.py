@@ -8,6 +8,8 @@ Families (``--policies`` of ``sdlib simulate``):
 * ``combine``: Oracle Combine (``combine``);
 * ``online``: the project's online policy (:mod:`sdlib.sim.policy.online`); ``online-ablations``: its
   one-drafter variant ``online-eagle3`` (length only; ``online-ngram`` by name);
+* ``online-confidence`` and ``online-confidence-raw`` by name: EAGLE-3's length stopped token by token on the
+  head's own confidence (:mod:`sdlib.sim.policy.confidence`; needs the requests' draft confidences);
 * each baseline of :data:`sdlib.sim.policy.baselines.BASELINES` by name.
 
 Speedup per (cost model, dataset, batch size, policy) = mean throughput with SD / mean throughput without,
@@ -31,6 +33,7 @@ import pandas as pd
 
 from sdlib.sim.policy.baselines import BASELINES, BATCH_DEPENDENT, baseline_steps
 from sdlib.sim.oracle import PreparedTraces
+from sdlib.sim.policy.confidence import VARIANTS as CONFIDENCE_POLICIES
 from sdlib.sim.policy.walk import (KMAX, PolicyInputs, PolicySteps, no_sd_times, position_steps, request_times,
                                   walk)
 
@@ -62,11 +65,12 @@ def expand_policies(names: Sequence[str], kmax: int = KMAX) -> list[str]:
             out += list(ABLATIONS)
         elif n == "baselines":
             out += list(BASELINES)
-        elif n in ("combine", "oracle-eagle3", "oracle-ngram", *ONLINE_VARIANTS, *BASELINES) or _fixed_spec(n):
+        elif n in ("combine", "oracle-eagle3", "oracle-ngram", *ONLINE_VARIANTS, *CONFIDENCE_POLICIES, *BASELINES) \
+                or _fixed_spec(n):
             out.append(n)
         else:
             raise ValueError(f"unknown policy {n!r}: families {list(FAMILIES)}, baselines {list(BASELINES)}, "
-                             f"fixed-<eagle3|ngram>-k<k>, {list(ONLINE_VARIANTS)}")
+                             f"fixed-<eagle3|ngram>-k<k>, {list(ONLINE_VARIANTS + CONFIDENCE_POLICIES)}")
     return list(dict.fromkeys(out))
 
 
@@ -117,13 +121,19 @@ def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> dict
 
 
 def simulate_policies(prep: PreparedTraces, policies: Sequence[str], batch_sizes: Sequence[int],
-                      cost_models: Sequence, predictor=None, kmax: int = KMAX) -> pd.DataFrame:
+                      cost_models: Sequence, predictor=None, kmax: int = KMAX,
+                      confidences: Optional[dict] = None) -> pd.DataFrame:
     """One row per (request, policy, cost model, batch size); see :func:`policy_table` for the aggregate.
 
     ``predictor``: a :class:`sdlib.sim.policy.training.Predictor` for the online policies (None: cross-fitted here);
-    ``kmax``: the traces' k (the longest draft they score).
+    ``kmax``: the traces' k (the longest draft they score); ``confidences``: {(dataset, request id): rows} for
+    the confidence policies (:func:`sdlib.sim.policy.confidence.attach_confidences`).
     """
     inp = PolicyInputs.of(prep, kmax)
+    if confidences is not None:
+        from sdlib.sim.policy.confidence import attach_confidences
+
+        attach_confidences(inp, confidences)
     names = expand_policies(policies, inp.kmax)
     parts, base_cache = [], {}
     cfg = [(cm, int(B)) for cm in cost_models for B in batch_sizes]
@@ -150,6 +160,10 @@ def policy_steps_at(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predicto
         pol = OnlinePolicy(predictor.models, [c for c, _ in cfg], [b for _, b in cfg], variant=name,
                            model_of_request=predictor.model_of_request(), kmax=inp.kmax)
         return walk(inp, pol, n_configs=len(cfg))
+    if name in CONFIDENCE_POLICIES:
+        from sdlib.sim.policy.confidence import confidence_steps
+
+        return confidence_steps(inp, name, cfg)
     if name in BATCH_DEPENDENT:
         by_b = {B: baseline_steps(name, inp, B) for B in dict.fromkeys(b for _, b in cfg)}
         return [by_b[b] for _, b in cfg]
@@ -165,8 +179,11 @@ def _boot_weights(n: int, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.nda
     return np.bincount(draws.ravel(), minlength=n_boot * n).reshape(n_boot, n) / n
 
 
-def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(:func:`policy_table`, :func:`gap_table`) in one pass over the cells (one bootstrap per cell)."""
+def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(:func:`policy_table`, :func:`gap_table`) in one pass over the cells (one bootstrap per cell).
+
+    ``upper``: the bound the gap runs to (``combine``; ``oracle-eagle3`` for EAGLE-3's length gap when only
+    EAGLE-3's fixed k are simulated)."""
     keys = ["cost_model", "dataset", "batch_size"]
     idx = per_req.set_index(keys + ["request_id", "policy"])
     sd_all = {c: g for c, g in idx["sd_tok_per_s"].unstack("policy").groupby(level=[0, 1, 2], sort=False)}
@@ -190,11 +207,12 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT) -> tuple[pd.DataFrame
                          "speedup_hi": float(hi[j]), "tokens_per_step": float(t["gained"] / t["num_steps"]),
                          "drafted_per_step": float(t["drafted"] / t["num_steps"]), "num_requests": int(len(S))})
         fixed = [j for j, c in enumerate(cols) if c.startswith("fixed-")]
-        if not fixed or "combine" not in cols:
+        if not fixed or upper not in cols:
             continue
         jb = fixed[int(np.argmax(sp[fixed]))]
-        jc = cols.index("combine")
+        jc = cols.index(upper)
         d_lo, d_hi = np.quantile(boot - boot[:, [jb]], q, axis=0)
+        r_lo, r_hi = np.quantile(boot / boot[:, [jb]], q, axis=0)
         gap = float(sp[jc] - sp[jb])
         for j, pol in enumerate(cols):
             if pol.startswith("fixed-"):
@@ -204,7 +222,9 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT) -> tuple[pd.DataFrame
                          "best_fixed_speedup": float(sp[jb]), "best_fixed_lo": float(lo[jb]),
                          "combine_speedup": float(sp[jc]), "gap": gap, "gap_rel": gap / float(sp[jb]),
                          "gap_share": float((sp[j] - sp[jb]) / gap) if gap > 0 else float("nan"),
-                         "diff_lo": float(d_lo[j]), "diff_hi": float(d_hi[j])})
+                         "diff_lo": float(d_lo[j]), "diff_hi": float(d_hi[j]),
+                         "vs_best_fixed": float(sp[j] / sp[jb]), "vs_best_fixed_lo": float(r_lo[j]),
+                         "vs_best_fixed_hi": float(r_hi[j]), "upper": upper})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS), pd.DataFrame(gaps)
 
 
@@ -214,7 +234,8 @@ def policy_table(per_req: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
     return summarise(per_req, n_boot)[0]
 
 
-def gap_table(per_req: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
-    """Per cell and non-fixed policy: the best fixed method (and its interval's lower end), Oracle Combine,
-    the policy's speedup, its share of the gap, and a paired bootstrap interval of (policy - best fixed)."""
-    return summarise(per_req, n_boot)[1]
+def gap_table(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine") -> pd.DataFrame:
+    """Per cell and non-fixed policy: the best fixed method (and its interval's lower end), the bound ``upper``
+    (its speedup in ``combine_speedup``), the policy's speedup, its share of the gap, and paired bootstrap
+    intervals of (policy - best fixed) and of policy / best fixed (``vs_best_fixed``)."""
+    return summarise(per_req, n_boot, upper)[1]

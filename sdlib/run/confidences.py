@@ -1,0 +1,186 @@
+"""EAGLE-3's own confidence in each draft token, along one of our traces' outputs (torch, no vLLM).
+
+For every verify step of a trace (a request's output position ``q >= 1``, context = prompt + output[:q]) the
+head drafts ``k`` tokens; ``conf[q][j]`` is the top-1 probability (softmax over the head's draft vocabulary)
+of draft ``j``, the signal a confidence-stopping drafter reads after drafting token ``j`` and before
+deciding to draft the next. Draft ``j`` matters only when drafts ``0..j-1`` were accepted, so the head's
+inputs are the output itself: one unrolled, teacher-forced pass per request gives every position's chain
+(:func:`sdlib.models.train.modules.unroll_head`, the drafting loop the heads were trained with and that
+:func:`sdlib.models.train.acceptance.offline_acceptance` scores).
+
+The same pass gives the head's greedy acceptance ``acc[q]`` (1 + drafts equal to the output, capped as the
+traces are: ``min(k + 1, len(output) - q)``), which is checked against the trace's ``acc_eagle`` (vLLM's,
+:mod:`sdlib.run.traces`): where they agree, the confidences belong to the drafts vLLM verified. The
+fraction that agrees is written in the provenance (float32 here against bfloat16 in vLLM: a few positions
+differ where two tokens are nearly tied).
+
+Output: JSONL(.gz), one line per request: ``id``, ``conf_eagle`` (``[[]] + [[k floats] per q >= 1]``;
+a row is shorter where the chain runs past the output) and ``acc_eagle_offline``; a provenance JSON beside it.
+
+Usage:
+    sdlib confidences --traces data/traces/embedded_code_edit.jsonl.gz --models data/models \\
+        --out data/traces/confidences/embedded_code_edit.jsonl.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+#: Decimal places kept for a probability in the JSONL (it is compared with thresholds, not re-derived).
+DECIMALS = 5
+
+
+@dataclass
+class Eagle3Offline:
+    """The target (transformers, float32) and the EAGLE-3 head (training module, float32) of a model folder."""
+
+    target: Any
+    head: Any
+    draft_ids: Any  # (draft vocab,) target token id of each draft-vocabulary index
+    aux_ids: tuple[int, ...]
+    target_dir: Path
+    head_dir: Path
+
+
+def load_eagle3(models: str | Path, target: str = "target", head: str = "eagle3") -> Eagle3Offline:
+    """The target and EAGLE-3 head of a models folder (``@trained`` = data/models), as vLLM loads them: the
+    head's exported weights (``fc`` with the training scale folded in) and its ``d2t`` map."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from sdlib.models.train.modules import head_from_config
+    from sdlib.paths import TRAINED_MODELS_DIR, resolve
+
+    root = TRAINED_MODELS_DIR if str(models).rstrip("/") == "@trained" else resolve(str(models))
+    tdir, hdir = root / target, root / head
+    for d in (tdir, hdir):
+        if not (d / "config.json").is_file():
+            raise FileNotFoundError(f"--models: no model folder {d}")
+    tgt = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
+    cfg = json.loads((hdir / "config.json").read_text())
+    sd = load_file(str(hdir / "model.safetensors"))
+    d2t = sd.pop("d2t", None)
+    sd.pop("t2d", None)
+    mod = head_from_config("eagle3", cfg).float().eval()
+    mod.load_state_dict({k: v.float() for k, v in sd.items()})
+    n = mod.lm_head.out_features
+    ids = torch.arange(n) + (d2t if d2t is not None else 0)
+    return Eagle3Offline(tgt, mod, ids, tuple(sorted(cfg["eagle_aux_hidden_state_layer_ids"])), tdir, hdir)
+
+
+def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[int],
+                      k: int) -> tuple[list[list[float]], list[int]]:
+    """(``conf``, ``acc``) of one request: ``conf[q][j]`` the top-1 probability of draft ``j`` at output
+    position ``q`` (``conf[0] = []``, the prefill), ``acc[q]`` the head's greedy gain there (``acc[0] = 1``)."""
+    import torch
+
+    from sdlib.models.train.llama import lm_features
+    from sdlib.models.train.modules import rope, unroll_head
+
+    P, out = len(prompt), list(output)
+    Lo = len(out)
+    seq = torch.tensor([list(prompt) + out])
+    T = seq.shape[1] - 1
+    conf: list[list[float]] = [[]]
+    acc = [1]
+    if Lo < 2 or P < 1:
+        return conf + [[] for _ in range(1, Lo)], acc + [1] * (Lo - 1)
+    with torch.no_grad():
+        _, _, aux = lm_features(m.target, seq, m.aux_ids)
+        emb = m.target.model.embed_tokens(seq[:, 1:])
+        cos, sin = rope(T, m.head.shape.head_dim, m.head.rope_theta, seq.device)
+        h0 = m.head.combine([a[:, :T] for a in aux])
+        p1, tok = [], []
+        for x in unroll_head(m.head, emb, h0, cos, sin, k):  # step s at index i continues base i - s
+            pr, a = m.head.logits(x).softmax(-1)[0].max(-1)
+            p1.append(pr.numpy())
+            tok.append(m.draft_ids[a].numpy())
+    o = np.asarray(out)
+    for q in range(1, Lo):
+        b = P + q - 2  # the base: its last known token is seq[b + 1] = output[q - 1]
+        n = min(k, T - b)  # drafts whose step index stays inside the pass
+        conf.append([round(float(p1[j][b + j]), DECIMALS) for j in range(n)])
+        m_ = 0
+        while m_ < n and q + m_ < Lo and int(tok[m_][b + m_]) == int(o[q + m_]):
+            m_ += 1
+        acc.append(min(1 + m_, k + 1, Lo - q))
+    return conf, acc
+
+
+def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k: Optional[int] = None,
+                      progress: bool = True, argv: Optional[list[str]] = None) -> dict:
+    """Confidences of every request of one of our trace files (``k``: the trace's, from its provenance);
+    returns the provenance written beside ``out`` (``argv``: the command line that asked for it)."""
+    from sdlib.paths import repo_relative, resolve
+    from sdlib.sim.traces import provenance_path
+    from sdlib.store import git_commit, utc_now
+    from sdlib.models.train.files import sha256
+
+    src = resolve(str(traces))
+    prov_in = json.loads(provenance_path(src).read_text()) if provenance_path(src).exists() else {}
+    k = int(k or prov_in.get("k") or 0)
+    if k < 1:
+        raise ValueError(f"--k: {src} has no provenance with k; give --k")
+    t0 = time.perf_counter()
+    m = load_eagle3(models)
+    with gzip.open(src, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    lines, agree, total = [], 0, 0
+    for i, r in enumerate(rows):
+        conf, acc = chain_confidences(m, r["prompt_token_ids"], r["generated_token_ids"], k)
+        ref = r.get("acc_eagle", {}).get("acc_len", [])
+        n = min(len(ref), len(acc))
+        agree += sum(int(a == b) for a, b in zip(acc[1:n], ref[1:n]))
+        total += max(n - 1, 0)
+        lines.append(json.dumps({"id": r["id"], "conf_eagle": conf, "acc_eagle_offline": acc}))
+        if progress:
+            print(f"confidences: {i + 1}/{len(rows)} requests", file=sys.stderr, flush=True)
+    dst = Path(out)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with gzip.GzipFile(tmp, "wb", mtime=0) as f:  # byte-stable: no timestamp in the gzip header
+        f.write(("\n".join(lines) + "\n").encode())
+    tmp.replace(dst)
+    info = {"written_at": utc_now(), "git_commit": git_commit(), "traces": repo_relative(src),
+            "traces_sha256": sha256(src), "dataset": prov_in.get("dataset"), "k": k,
+            "target": repo_relative(m.target_dir), "head": repo_relative(m.head_dir),
+            "confidence": "top-1 softmax probability of each draft over the head's draft vocabulary (float32)",
+            "agreement_with_trace_acc_eagle": {"positions": total, "equal": agree,
+                                               "fraction": round(agree / total, 6) if total else None},
+            "seconds": round(time.perf_counter() - t0, 1),
+            "argv": ["sdlib", "confidences", *(argv if argv is not None else sys.argv[1:])]}
+    provenance_path(dst).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def main(argv: Optional[list[str]] = None, prog: str = "sdlib confidences") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", required=True, help="one of our trace files (data/traces/*.jsonl.gz)")
+    ap.add_argument("--models", default="data/models", help="folder with target/ and eagle3/ (default data/models)")
+    ap.add_argument("--k", type=int, help="drafts per position (default: the trace's k)")
+    ap.add_argument("--out", required=True, help="output JSONL.gz (a provenance JSON is written beside it)")
+    a = ap.parse_args(argv)
+    try:
+        info = write_confidences(a.traces, a.models, a.out, a.k,
+                                 argv=list(argv) if argv is not None else sys.argv[1:])
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ag = info["agreement_with_trace_acc_eagle"]
+    print(f"{a.out}: k={info['k']}, {ag['equal']}/{ag['positions']} positions agree with the trace's "
+          f"acc_eagle; {info['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""A confidence-stopping EAGLE-3 drafter: the draft length chosen token by token from the head's own top-1
+probability (:mod:`sdlib.run.confidences`), priced by the step-cost model.
+
+The head drafts one token at a time. After drafting token ``j`` it knows the confidences ``c_1..c_j`` of its
+drafts so far (and nothing about later ones). With ``a_i`` the calibrated probability that draft ``i`` is
+accepted given drafts ``1..i-1`` were, ``S_j = a_1 * ... * a_j`` and the expected gain of proposing ``l``
+drafts ``E_l = 1 + S_1 + ... + S_l``. The step's rate with ``l`` proposed is ``E_l / t_l`` (``t_l`` the
+cost model's price of a step that proposes ``l``, at the configuration's batch size and KV size). It stops at
+the first ``j`` whose inclusion would lower the rate (``E_j / t_j <= E_{j-1} / t_{j-1}``: the token's expected
+gain per added second is below the step's rate so far), proposes ``j - 1`` and pays for drafting ``j``
+(``eagle_n = j + 1``); it proposes ``K`` when no token lowers the rate. So it decides only from what a
+drafter has seen when it decides (the one extra token it drafts is charged).
+
+Variants (rows in ``sdlib simulate`` tables):
+
+* ``online-confidence``: ``a_i`` from the raw confidence through a monotone calibration map (pool-adjacent
+  violators over confidence bins), cross-fitted: a request is decided by the map fitted on the other fold of
+  requests (:func:`sdlib.sim.policy.training.folds`);
+* ``online-confidence-raw``: ``a_i = c_i`` (the raw probability taken as the acceptance probability).
+
+Requests need confidences (``sdlib simulate --confidences``): :func:`attach_confidences` lays them on the
+per-position grid of :class:`~sdlib.sim.policy.walk.PolicyInputs`.
+
+Usage:
+    attach_confidences(inp, {("sharegpt", "sharegpt-0"): conf_rows, ...})
+    steps = walk(inp, ConfidencePolicy([cm], [32], inp), n_configs=1)[0]
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, price_table, walk
+
+CALIBRATED, RAW = "online-confidence", "online-confidence-raw"
+VARIANTS = (CALIBRATED, RAW)
+#: Confidence bins of the calibration map (equal width on [0, 1]) and its prior pseudo-counts per bin.
+CAL_BINS = 20
+CAL_PRIOR_ACCEPTED, CAL_PRIOR_SEEN = 1.0, 2.0
+
+
+def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]]]:
+    """(dataset, {request id: conf rows}) of a confidence file written by ``sdlib confidences``
+    (:func:`sdlib.run.confidences.write_confidences`)."""
+    from sdlib.paths import resolve
+    from sdlib.sim.traces import provenance_path
+
+    p = resolve(str(path))
+    prov = json.loads(provenance_path(p).read_text())
+    with gzip.open(p, "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return prov["dataset"], {str(r["id"]): r["conf_eagle"] for r in rows}
+
+
+def attach_confidences(inp: PolicyInputs, conf: dict) -> None:
+    """Put ``conf`` ({(dataset, request id): rows, ``rows[q][j]`` = top-1 probability of draft ``j`` at
+    position ``q``}) on the grid as ``inp.extra["conf_eagle"]`` ((positions, kmax) float32; 0 where the head
+    drafted nothing: past the output). Raises ValueError naming a request without confidences."""
+    prep, K = inp.prep, inp.kmax
+    C = np.zeros((int(inp.off[-1]), K), np.float32)
+    missing = []
+    for r, key in enumerate(zip(prep.dataset, map(str, prep.request_id))):
+        rows = conf.get(key)
+        if rows is None:
+            missing.append(key)
+            continue
+        for q, row in enumerate(rows[:int(inp.G[r])]):
+            n = min(len(row), K)
+            if n:
+                C[inp.off[r] + q, :n] = row[:n]
+    if missing:
+        raise ValueError(f"{len(missing)} of {len(prep)} requests have no draft confidences, e.g. {missing[0]}")
+    inp.extra["conf_eagle"] = C
+
+
+def _observations(inp: PolicyInputs, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence, accepted) of every draft that was reached (its predecessors accepted) and whose outcome
+    the trace shows (not cut by the output's end), at every position of ``requests``' EAGLE-3 lists."""
+    C, acc = inp.extra["conf_eagle"], inp.acc_eg
+    cs, ys = [], []
+    for r in requests:
+        lo, L = int(inp.off[r]), int(inp.L_eagle[r])
+        q = np.arange(1, L)
+        a = acc[lo + q]
+        left = L - q  # acc is capped at the tokens left: drafts j >= left - 1 are not observed
+        for j in range(inp.kmax):
+            m = (a >= j + 1) & (j < left - 1)
+            cs.append(C[lo + q[m], j])
+            ys.append(a[m] >= j + 2)
+    return (np.concatenate(cs) if cs else np.zeros(0)), (np.concatenate(ys) if ys else np.zeros(0, bool))
+
+
+def fit_calibration(c: np.ndarray, y: np.ndarray, bins: int = CAL_BINS) -> np.ndarray:
+    """A non-decreasing map (one value per confidence bin) from confidence to acceptance probability: the
+    smoothed acceptance rate per bin, made monotone by pool-adjacent violators (weights = draws per bin)."""
+    b = np.minimum((np.asarray(c) * bins).astype(np.int64), bins - 1)
+    acc = np.bincount(b, weights=np.asarray(y, float), minlength=bins) + CAL_PRIOR_ACCEPTED
+    n = np.bincount(b, minlength=bins) + CAL_PRIOR_SEEN
+    blocks = []  # [rate, weight, size] merged left to right
+    for v, w in zip(acc / n, n):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, s2 = blocks.pop()
+            v1, w1, s1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, s1 + s2])
+    return np.concatenate([np.full(s, v) for v, _, s in blocks])
+
+
+def reliability(inp: PolicyInputs, bins: int = 10):
+    """Per dataset and confidence bin: drafts reached (``n``), accepted, the acceptance rate and its Wilson
+    95% interval (``rate_lo``, ``rate_hi``), and the mean confidence in the bin (a reliability table: a
+    calibrated confidence has ``rate`` = ``conf``)."""
+    import pandas as pd
+
+    from sdlib.analysis.intervals import wilson
+
+    rows = []
+    for ds in dict.fromkeys(inp.prep.dataset):
+        c, y = _observations(inp, np.flatnonzero(inp.prep.dataset == ds))
+        b = np.minimum((c * bins).astype(np.int64), bins - 1)
+        for i in np.unique(b):
+            m = b == i
+            rows.append({"dataset": ds, "bin_lo": i / bins, "bin_hi": (i + 1) / bins, "conf": float(c[m].mean()),
+                         "n": int(m.sum()), "accepted": int(y[m].sum())})
+    out = pd.DataFrame(rows)
+    out["rate"] = out["accepted"] / out["n"]
+    out["rate_lo"], out["rate_hi"] = wilson(out["accepted"], out["n"])
+    return out
+
+
+def calibrate(table: np.ndarray, c: np.ndarray) -> np.ndarray:
+    bins = table.size
+    return table[np.minimum((np.asarray(c) * bins).astype(np.int64), bins - 1)]
+
+
+class ConfidencePolicy(Policy):
+    """Token-by-token stopping on the head's confidence (module docstring). ``cost_models`` and
+    ``batch_sizes``: one configuration per pair (lanes of :func:`~sdlib.sim.policy.walk.walk`)."""
+
+    lengths = "eagle3"
+    path = "padded"
+
+    def __init__(self, cost_models: Sequence, batch_sizes: Sequence[int], inp: PolicyInputs,
+                 variant: str = CALIBRATED, model_of_request: Optional[np.ndarray] = None):
+        if variant not in VARIANTS:
+            raise ValueError(f"variant {variant!r} not in {list(VARIANTS)}")
+        if "conf_eagle" not in inp.extra:
+            raise ValueError(f"{variant} needs draft confidences (sdlib simulate --confidences; sdlib confidences)")
+        self.name, self.kmax = variant, inp.kmax
+        self.B = np.asarray(batch_sizes, dtype=float)
+        tabs = [price_table(cm, int(b), self.kmax) for cm, b in zip(cost_models, batch_sizes)]
+        self.base = np.stack([t["base"][EAGLE] for t in tabs])
+        self.slope = np.array([t["slope"][EAGLE] for t in tabs])
+        self.maps: list[np.ndarray] = []
+        self.fold = np.zeros(len(inp.prep), np.int64)
+        if variant == CALIBRATED:
+            from sdlib.sim.policy.training import N_FOLDS, folds
+
+            self.fold = folds(inp) if model_of_request is None else np.asarray(model_of_request)
+            for k in range(N_FOLDS):  # requests of fold k are decided by the map fitted on the others
+                self.maps.append(fit_calibration(*_observations(inp, np.flatnonzero(self.fold != k))))
+
+    def accept_prob(self, inp: PolicyInputs, req: np.ndarray, flat: np.ndarray) -> np.ndarray:
+        """(lanes, kmax) calibrated acceptance probability of each draft given its predecessors accepted."""
+        c = inp.extra["conf_eagle"][flat]
+        if not self.maps:
+            return c.astype(float)
+        out = np.empty(c.shape)
+        f = self.fold[req]
+        for k, table in enumerate(self.maps):
+            m = f == k
+            out[m] = calibrate(table, c[m])
+        return out
+
+    def decide(self, inp: PolicyInputs, lanes: Lanes):
+        req, pos, cfg, flat = lanes.req, lanes.pos, lanes.cfg, lanes.flat
+        a = self.accept_prob(inp, req, flat)
+        E = np.ones((req.size, self.kmax + 1))
+        E[:, 1:] += np.cumsum(np.cumprod(a, axis=1), axis=1)
+        kv = self.B[cfg] * (inp.prep.prompt_len[req] + pos)
+        t = self.base[cfg] + (self.slope[cfg] * kv)[:, None]
+        r = E / t
+        lower = r[:, 1:] <= r[:, :-1]  # lower[:, j-1]: including draft j lowers the rate
+        stop = np.where(lower.any(axis=1), np.argmax(lower, axis=1) + 1, self.kmax + 1)  # first such j
+        proposed = (stop - 1).astype(np.int64)
+        drafted = np.minimum(stop, self.kmax)
+        drafter = np.full(req.size, EAGLE, dtype=np.int8)
+        return drafter, proposed, proposed, 1.0, 0.0, drafted + 1.0
+
+
+def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple]) -> list:
+    """Steps of ``online-confidence`` / ``online-confidence-raw`` at each (cost model, batch size)."""
+    pol = ConfidencePolicy([c for c, _ in cfg], [b for _, b in cfg], inp, variant=name)
+    return walk(inp, pol, n_configs=len(cfg))
+
+
+__all__ = ["VARIANTS", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "ConfidencePolicy",
+           "confidence_steps"]

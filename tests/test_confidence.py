@@ -1,0 +1,159 @@
+"""EAGLE-3 draft confidences (sdlib.run.confidences) and the confidence-stopping policy
+(sdlib.sim.policy.confidence): the committed confidences are the head's and belong to the drafts vLLM
+verified; a policy with perfect confidences walks exactly Oracle Proposal's steps; the calibration map is
+monotone and right; missing confidences are one-line errors naming what is missing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from sdlib.paths import resolve
+from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.policy.walk import PolicyInputs, position_steps, walk
+from sdlib.sim.replay import truncate_traces
+
+TRACE = "data/traces/embedded_sharegpt.jsonl.gz"
+CONF = "data/traces/confidences/embedded_sharegpt.jsonl.gz"
+
+
+def _rows(path):
+    with gzip.open(resolve(path), "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def inp():
+    from sdlib.sim.policy.cli import load_traces
+
+    tr, k = load_traces(str(resolve(TRACE)))
+    return PolicyInputs.of(truncate_traces(prepare_traces(tr, keep_tokens=True), None), k)
+
+
+def test_committed_confidences_are_the_heads_and_agree_with_vllms_acceptance():
+    from sdlib.run.confidences import chain_confidences, load_eagle3
+    from sdlib.sim.traces import provenance_path
+
+    trace, conf = {r["id"]: r for r in _rows(TRACE)}, _rows(CONF)
+    prov = json.loads(provenance_path(resolve(CONF)).read_text())
+    m = load_eagle3("@trained")
+    r = conf[3]
+    c, acc = chain_confidences(m, trace[r["id"]]["prompt_token_ids"], trace[r["id"]]["generated_token_ids"], prov["k"])
+    assert acc == r["acc_eagle_offline"]
+    assert len(c) == len(r["conf_eagle"]) and all(len(a) == len(b) for a, b in zip(c, r["conf_eagle"]))
+    np.testing.assert_allclose(np.concatenate([x for x in c if x]), np.concatenate([x for x in r["conf_eagle"] if x]),
+                               atol=2e-5)
+    # the head's greedy acceptance is vLLM's (the trace) at almost every position, so the confidences belong to
+    # the drafts vLLM verified; the provenance's count is the files' own
+    eq = tot = 0
+    for row in conf:
+        ref = trace[row["id"]]["acc_eagle"]["acc_len"]
+        n = min(len(ref), len(row["acc_eagle_offline"]))
+        eq += sum(a == b for a, b in zip(row["acc_eagle_offline"][1:n], ref[1:n]))
+        tot += n - 1
+    assert prov["agreement_with_trace_acc_eagle"] == {"positions": tot, "equal": eq, "fraction": round(eq / tot, 6)}
+    assert eq / tot > 0.95
+    assert all(0.0 <= x <= 1.0 for row in conf for q in row["conf_eagle"] for x in q)
+
+
+def _perfect(inp: PolicyInputs) -> dict:
+    """Confidences that know the outcome: 1 for each draft that will be accepted, 0 from the first rejected."""
+    out = {}
+    for r, key in enumerate(zip(inp.prep.dataset, map(str, inp.prep.request_id))):
+        acc = inp.acc_eg[inp.off[r]:inp.off[r] + inp.L_eagle[r]]
+        out[key] = [[]] + [[1.0 if j < a - 1 else 0.0 for j in range(inp.kmax)] for a in acc[1:]]
+    return out
+
+
+def test_perfect_confidences_walk_oracle_proposals_steps(inp):
+    from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as cm
+    from sdlib.sim.policy.confidence import RAW, ConfidencePolicy, attach_confidences
+
+    attach_confidences(inp, _perfect(inp))
+    try:
+        st = walk(inp, ConfidencePolicy([cm, cm], [1, 128], inp, variant=RAW), n_configs=2)
+        orc = position_steps(inp, "oracle-eagle3")
+        for s in st:
+            a = np.lexsort((s.pos, s.req))
+            b = np.lexsort((orc.pos, orc.req))
+            for f in ("req", "pos", "gain", "n_i"):
+                np.testing.assert_array_equal(getattr(s, f)[a], getattr(orc, f)[b], err_msg=f)
+            # it drafted one token past each proposal (to see it would be rejected) unless all K were accepted
+            np.testing.assert_array_equal(s.eagle_n[a], np.minimum(orc.n_i[b] + 1, inp.kmax + 1))
+    finally:
+        inp.extra.pop("conf_eagle", None)
+
+
+def test_uninformative_confidences_give_one_length_per_cost():
+    """Constant confidence: every step proposes the same length, longer when drafting is cheap relative to
+    the step (bs 1) than at bs 128, where verification dominates."""
+    from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as cm
+    from sdlib.sim.policy.cli import load_traces
+    from sdlib.sim.policy.confidence import RAW, ConfidencePolicy, attach_confidences
+
+    tr, k = load_traces(str(resolve(TRACE)))
+    inp = PolicyInputs.of(truncate_traces(prepare_traces(tr), None), k)
+    attach_confidences(inp, {key: [[]] + [[0.7] * k] * 400 for key in zip(inp.prep.dataset, map(str, inp.prep.request_id))})
+    s1, s128 = walk(inp, ConfidencePolicy([cm, cm], [1, 128], inp, variant=RAW), n_configs=2)
+    full = s1.pos + inp.kmax < inp.L_eagle[s1.req]  # away from the end, where the zeros past the output stop it
+    p1 = np.unique((s1.n_i - 1)[full])
+    full = s128.pos + inp.kmax < inp.L_eagle[s128.req]
+    p128 = np.unique((s128.n_i - 1)[full])
+    assert p1.size == 1 and p128.size == 1 and p1[0] > p128[0] >= 1
+
+
+def test_calibration_map_is_monotone_and_recovers_the_rate():
+    from sdlib.sim.policy.confidence import CAL_BINS, fit_calibration
+
+    rng = np.random.default_rng(0)
+    c = rng.uniform(size=200_000)
+    y = rng.uniform(size=c.size) < 0.2 + 0.7 * c  # true rate 0.2 + 0.7 c
+    t = fit_calibration(c, y)
+    assert t.size == CAL_BINS and np.all(np.diff(t) >= 0)
+    mid = (np.arange(CAL_BINS) + 0.5) / CAL_BINS
+    np.testing.assert_allclose(t, 0.2 + 0.7 * mid, atol=0.02)
+    # a dip in the data is pooled, never kept
+    y2 = y.copy()
+    y2[(c > 0.5) & (c < 0.55)] = False
+    assert np.all(np.diff(fit_calibration(c, y2)) >= 0)
+
+
+def test_missing_confidences_are_one_line_errors(inp, tmp_path, capsys):
+    from sdlib.sim.policy.cli import main
+    from sdlib.sim.policy.confidence import attach_confidences
+
+    with pytest.raises(ValueError, match="have no draft confidences, e.g."):
+        attach_confidences(inp, {})
+    out = str(tmp_path / "t.csv")
+    assert main(["--traces", str(resolve(TRACE)), "--policies", "online-confidence", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: --confidences:")
+    other = str(resolve("data/traces/confidences/embedded_code_edit.jsonl.gz"))  # another dataset's requests
+    assert main(["--traces", str(resolve(TRACE)), "--confidences", other, "--policies", "online-confidence",
+                 "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--confidences" in err and "no draft confidences" in err
+    assert main(["--traces", str(resolve(TRACE)), "--confidences", str(tmp_path / "none*.gz"), "--policies",
+                 "online-confidence", "--out", out]) == 2
+    assert "no file matches" in capsys.readouterr().err
+
+
+def test_simulate_runs_the_confidence_policies(tmp_path):
+    import pandas as pd
+
+    from sdlib.sim.policy.cli import main
+
+    out = tmp_path / "t.csv"
+    assert main(["--traces", str(resolve(TRACE)), "--confidences", str(resolve(CONF)), "--policies",
+                 "fixed-eagle3-k3,oracle-eagle3,online-confidence,online-confidence-raw", "--batch-sizes", "1,32",
+                 "--out", str(out)]) == 0
+    t = pd.read_csv(out)
+    assert set(t.policy) == {"fixed-eagle3-k3", "oracle-eagle3", "online-confidence", "online-confidence-raw"}
+    assert (t.speedup_lo <= t.speedup).all() and (t.speedup <= t.speedup_hi).all()
+    # no policy that decides online beats the clairvoyant length
+    sp = t.set_index(["batch_size", "policy"]).speedup
+    for b in (1, 32):
+        assert sp[(b, "online-confidence")] <= sp[(b, "oracle-eagle3")] + 1e-9
