@@ -87,6 +87,32 @@ def test_perfect_confidences_walk_oracle_proposals_steps(inp):
         inp.extra.pop("conf_eagle", None)
 
 
+def test_online_with_perfect_confidences_takes_every_eagle_step_to_its_acceptance(inp):
+    """The full online policy with the length stopped on confidences: wherever it chose EAGLE-3, perfect
+    confidences make it gain the trace's whole acceptance length, proposing it or one more, and it still
+    chooses the n-gram where the predictor says so."""
+    from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as cm
+    from sdlib.sim.policy.confidence import attach_confidences, confidence_steps
+    from sdlib.sim.policy.features import add_features
+    from sdlib.sim.policy.training import crossfit
+    from sdlib.sim.policy.walk import EAGLE, NGRAM
+
+    add_features(inp)
+    pred = crossfit(inp)
+    attach_confidences(inp, _perfect(inp))
+    try:
+        for s in confidence_steps(inp, "online-with-confidence", [(cm, 1), (cm, 128)], pred):
+            e = s.drafter == EAGLE
+            assert e.any() and (s.drafter == NGRAM).any()
+            acc = inp.acc_eg[inp.off[s.req[e]] + s.pos[e]]
+            np.testing.assert_array_equal(s.gain[e], acc)
+            # calibrated (with the map's prior, a confidence of 0 is not quite 0): at most one draft past it
+            assert set(np.unique(s.n_i[e] - acc)) <= {0, 1} and (s.n_i[e] == acc).mean() > 0.5
+            assert (s.eagle_n[e] >= s.n_i[e]).all()
+    finally:
+        inp.extra.pop("conf_eagle", None)
+
+
 def test_uninformative_confidences_give_one_length_per_cost():
     """Constant confidence: every step proposes the same length, longer when drafting is cheap relative to
     the step (bs 1) than at bs 128, where verification dominates."""

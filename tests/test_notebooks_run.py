@@ -184,6 +184,15 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
         assert g.gap_share == pytest.approx((sp[g.policy] - fixed.max()) / (sp["oracle-eagle3"] - fixed.max()), abs=1e-6)
         assert g.vs_best_fixed == pytest.approx(sp[g.policy] / fixed.max(), rel=1e-6)
         assert g.vs_best_fixed_lo <= g.vs_best_fixed <= g.vs_best_fixed_hi
+    table = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_table.csv")
+    gaps = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_gaps.csv")
+    assert set(gaps.policy) >= {"online", "online-with-confidence"} and (gaps.upper == "combine").all()
+    for _, g in gaps.iterrows():
+        t = table[(table.cost_model == g.cost_model) & (table.dataset == g.dataset) & (table.batch_size == g.batch_size)]
+        sp = t.set_index("policy").speedup
+        fixed = sp[[p for p in sp.index if p.startswith("fixed-")]]
+        assert {p.split("-")[1] for p in fixed.index} == {"eagle3", "ngram"} and g.best_fixed == fixed.idxmax()
+        assert g.gap_share == pytest.approx((sp[g.policy] - fixed.max()) / (sp["combine"] - fixed.max()), abs=1e-6)
     rel = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_reliability.csv")
     assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
 

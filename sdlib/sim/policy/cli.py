@@ -176,7 +176,7 @@ def run(args) -> int:
                          "confidences (sdlib confidences writes them)")
     t_load = time.perf_counter() - t0
     predictor = None
-    if any(n in ONLINE_VARIANTS for n in names):
+    if any(n in ONLINE_VARIANTS or n == "online-with-confidence" for n in names):
         predictor = _predictor(args, prep, k)
     t1 = time.perf_counter()
     try:

@@ -16,7 +16,9 @@ Variants (rows in ``sdlib simulate`` tables):
 * ``online-confidence``: ``a_i`` from the raw confidence through a monotone calibration map (pool-adjacent
   violators over confidence bins), cross-fitted: a request is decided by the map fitted on the other fold of
   requests (:func:`sdlib.sim.policy.training.folds`);
-* ``online-confidence-raw``: ``a_i = c_i`` (the raw probability taken as the acceptance probability).
+* ``online-confidence-raw``: ``a_i = c_i`` (the raw probability taken as the acceptance probability);
+* ``online-with-confidence``: the online policy (:mod:`sdlib.sim.policy.online`) chooses the drafter before
+  drafting, as it does; when it chooses EAGLE-3 the length is stopped on the calibrated confidence.
 
 Requests need confidences (``sdlib simulate --confidences``): :func:`attach_confidences` lays them on the
 per-position grid of :class:`~sdlib.sim.policy.walk.PolicyInputs`.
@@ -35,10 +37,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sdlib.sim.policy.online import OnlinePolicy
 from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, price_table, walk
 
-CALIBRATED, RAW = "online-confidence", "online-confidence-raw"
-VARIANTS = (CALIBRATED, RAW)
+CALIBRATED, RAW, WITH_ONLINE = "online-confidence", "online-confidence-raw", "online-with-confidence"
+VARIANTS = (CALIBRATED, RAW, WITH_ONLINE)
 #: Confidence bins of the calibration map (equal width on [0, 1]) and its prior pseudo-counts per bin.
 CAL_BINS = 20
 CAL_PRIOR_ACCEPTED, CAL_PRIOR_SEEN = 1.0, 2.0
@@ -138,35 +141,25 @@ def calibrate(table: np.ndarray, c: np.ndarray) -> np.ndarray:
     return table[np.minimum((np.asarray(c) * bins).astype(np.int64), bins - 1)]
 
 
-class ConfidencePolicy(Policy):
-    """Token-by-token stopping on the head's confidence (module docstring). ``cost_models`` and
-    ``batch_sizes``: one configuration per pair (lanes of :func:`~sdlib.sim.policy.walk.walk`)."""
+class Calibration:
+    """Per-draft acceptance probability from the head's confidence: through the cross-fitted monotone map
+    (``calibrated``; a request of fold k is decided by the map fitted on the other folds' requests), or the
+    raw probability itself."""
 
-    lengths = "eagle3"
-    path = "padded"
-
-    def __init__(self, cost_models: Sequence, batch_sizes: Sequence[int], inp: PolicyInputs,
-                 variant: str = CALIBRATED, model_of_request: Optional[np.ndarray] = None):
-        if variant not in VARIANTS:
-            raise ValueError(f"variant {variant!r} not in {list(VARIANTS)}")
+    def __init__(self, inp: PolicyInputs, calibrated: bool = True):
         if "conf_eagle" not in inp.extra:
-            raise ValueError(f"{variant} needs draft confidences (sdlib simulate --confidences; sdlib confidences)")
-        self.name, self.kmax = variant, inp.kmax
-        self.B = np.asarray(batch_sizes, dtype=float)
-        tabs = [price_table(cm, int(b), self.kmax) for cm, b in zip(cost_models, batch_sizes)]
-        self.base = np.stack([t["base"][EAGLE] for t in tabs])
-        self.slope = np.array([t["slope"][EAGLE] for t in tabs])
+            raise ValueError("needs draft confidences (sdlib simulate --confidences; sdlib confidences)")
         self.maps: list[np.ndarray] = []
         self.fold = np.zeros(len(inp.prep), np.int64)
-        if variant == CALIBRATED:
+        if calibrated:
             from sdlib.sim.policy.training import N_FOLDS, folds
 
-            self.fold = folds(inp) if model_of_request is None else np.asarray(model_of_request)
-            for k in range(N_FOLDS):  # requests of fold k are decided by the map fitted on the others
+            self.fold = folds(inp)  # the online predictor's folds too
+            for k in range(N_FOLDS):
                 self.maps.append(fit_calibration(*_observations(inp, np.flatnonzero(self.fold != k))))
 
-    def accept_prob(self, inp: PolicyInputs, req: np.ndarray, flat: np.ndarray) -> np.ndarray:
-        """(lanes, kmax) calibrated acceptance probability of each draft given its predecessors accepted."""
+    def __call__(self, inp: PolicyInputs, req: np.ndarray, flat: np.ndarray) -> np.ndarray:
+        """(lanes, kmax) acceptance probability of each draft given its predecessors were accepted."""
         c = inp.extra["conf_eagle"][flat]
         if not self.maps:
             return c.astype(float)
@@ -177,27 +170,84 @@ class ConfidencePolicy(Policy):
             out[m] = calibrate(table, c[m])
         return out
 
+
+def stop_lengths(a: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(proposed, drafted) per lane of the token-by-token stopping rule (module docstring): ``a`` (lanes, K)
+    acceptance probabilities, ``t`` (lanes, K + 1) the price of a step that proposes 0..K."""
+    K = a.shape[1]
+    E = np.ones((a.shape[0], K + 1))
+    E[:, 1:] += np.cumsum(np.cumprod(a, axis=1), axis=1)
+    r = E / t
+    lower = r[:, 1:] <= r[:, :-1]  # lower[:, j-1]: including draft j lowers the rate
+    stop = np.where(lower.any(axis=1), np.argmax(lower, axis=1) + 1, K + 1)  # the first such j
+    return (stop - 1).astype(np.int64), np.minimum(stop, K).astype(np.int64)
+
+
+class ConfidencePolicy(Policy):
+    """Token-by-token stopping on the head's confidence (module docstring). ``cost_models`` and
+    ``batch_sizes``: one configuration per pair (lanes of :func:`~sdlib.sim.policy.walk.walk`)."""
+
+    lengths = "eagle3"
+    path = "padded"
+
+    def __init__(self, cost_models: Sequence, batch_sizes: Sequence[int], inp: PolicyInputs,
+                 variant: str = CALIBRATED):
+        if variant not in (CALIBRATED, RAW):
+            raise ValueError(f"variant {variant!r} not in {[CALIBRATED, RAW]}")
+        self.name, self.kmax = variant, inp.kmax
+        self.calibration = Calibration(inp, calibrated=variant == CALIBRATED)
+        self.B = np.asarray(batch_sizes, dtype=float)
+        tabs = [price_table(cm, int(b), self.kmax) for cm, b in zip(cost_models, batch_sizes)]
+        self.base = np.stack([t["base"][EAGLE] for t in tabs])
+        self.slope = np.array([t["slope"][EAGLE] for t in tabs])
+
     def decide(self, inp: PolicyInputs, lanes: Lanes):
         req, pos, cfg, flat = lanes.req, lanes.pos, lanes.cfg, lanes.flat
-        a = self.accept_prob(inp, req, flat)
-        E = np.ones((req.size, self.kmax + 1))
-        E[:, 1:] += np.cumsum(np.cumprod(a, axis=1), axis=1)
         kv = self.B[cfg] * (inp.prep.prompt_len[req] + pos)
-        t = self.base[cfg] + (self.slope[cfg] * kv)[:, None]
-        r = E / t
-        lower = r[:, 1:] <= r[:, :-1]  # lower[:, j-1]: including draft j lowers the rate
-        stop = np.where(lower.any(axis=1), np.argmax(lower, axis=1) + 1, self.kmax + 1)  # first such j
-        proposed = (stop - 1).astype(np.int64)
-        drafted = np.minimum(stop, self.kmax)
-        drafter = np.full(req.size, EAGLE, dtype=np.int8)
-        return drafter, proposed, proposed, 1.0, 0.0, drafted + 1.0
+        proposed, drafted = stop_lengths(self.calibration(inp, req, flat),
+                                         self.base[cfg] + (self.slope[cfg] * kv)[:, None])
+        return np.full(req.size, EAGLE, dtype=np.int8), proposed, proposed, 1.0, 0.0, drafted + 1.0
 
 
-def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple]) -> list:
-    """Steps of ``online-confidence`` / ``online-confidence-raw`` at each (cost model, batch size)."""
-    pol = ConfidencePolicy([c for c, _ in cfg], [b for _, b in cfg], inp, variant=name)
+class OnlineWithConfidence(OnlinePolicy):
+    """The online policy's choice of drafter (made before drafting, from its predictor and the cost model);
+    when it chooses EAGLE-3, the length comes from token-by-token stopping on the head's calibrated
+    confidence instead of the predictor's length (``online-with-confidence``)."""
+
+    def __init__(self, models, cost_models: Sequence, batch_sizes: Sequence[int], inp: PolicyInputs,
+                 model_of_request: Optional[np.ndarray] = None):
+        super().__init__(models, cost_models, batch_sizes, variant="online", model_of_request=model_of_request,
+                         kmax=inp.kmax)
+        self.name = WITH_ONLINE
+        self.calibration = Calibration(inp, calibrated=True)
+
+    def decide(self, inp: PolicyInputs, lanes: Lanes):
+        drafter, length, _, eagle, ngram, eagle_n = super().decide(inp, lanes)
+        m = drafter == EAGLE
+        if m.any():
+            req, pos, cfg = lanes.req[m], lanes.pos[m], lanes.cfg[m]
+            kv = self.B[cfg] * (inp.prep.prompt_len[req] + pos)
+            t = self.base[EAGLE][cfg].astype(float) + (self.slope[EAGLE][cfg] * kv)[:, None]
+            proposed, drafted = stop_lengths(self.calibration(inp, req, lanes.flat[m]), t)
+            catch_up = eagle_n[m] - length[m] - 1.0  # tokens EAGLE-3 had not seen (it skipped steps)
+            length = length.copy()
+            eagle_n = eagle_n.copy()
+            length[m], eagle_n[m] = proposed, drafted + 1.0 + catch_up
+        return drafter, length, length, eagle, ngram, eagle_n
+
+
+def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None) -> list:
+    """Steps of a policy of :data:`VARIANTS` at each (cost model, batch size); ``online-with-confidence``
+    needs ``predictor`` (the online policy's, :class:`sdlib.sim.policy.training.Predictor`)."""
+    cms, bss = [c for c, _ in cfg], [b for _, b in cfg]
+    if name == WITH_ONLINE:
+        if predictor is None:
+            raise ValueError(f"{name} needs the online policy's predictor")
+        pol = OnlineWithConfidence(predictor.models, cms, bss, inp, model_of_request=predictor.model_of_request())
+    else:
+        pol = ConfidencePolicy(cms, bss, inp, variant=name)
     return walk(inp, pol, n_configs=len(cfg))
 
 
-__all__ = ["VARIANTS", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "ConfidencePolicy",
-           "confidence_steps"]
+__all__ = ["VARIANTS", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",
+           "stop_lengths", "ConfidencePolicy", "OnlineWithConfidence", "confidence_steps"]

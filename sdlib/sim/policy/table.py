@@ -161,9 +161,15 @@ def policy_steps_at(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predicto
                            model_of_request=predictor.model_of_request(), kmax=inp.kmax)
         return walk(inp, pol, n_configs=len(cfg))
     if name in CONFIDENCE_POLICIES:
-        from sdlib.sim.policy.confidence import confidence_steps
+        from sdlib.sim.policy.confidence import WITH_ONLINE, confidence_steps
 
-        return confidence_steps(inp, name, cfg)
+        if name == WITH_ONLINE:
+            add_features(inp)
+            if predictor is None:
+                from sdlib.sim.policy.training import crossfit
+
+                predictor = crossfit(inp)
+        return confidence_steps(inp, name, cfg, predictor)
     if name in BATCH_DEPENDENT:
         by_b = {B: baseline_steps(name, inp, B) for B in dict.fromkeys(b for _, b in cfg)}
         return [by_b[b] for _, b in cfg]
