@@ -3,10 +3,11 @@
 For every verify step of a trace (a request's output position ``q >= 1``, context = prompt + output[:q]) the
 head drafts ``k`` tokens; ``conf[q][j]`` is the top-1 probability (softmax over the head's draft vocabulary)
 of draft ``j``, the signal a confidence-stopping drafter reads after drafting token ``j`` and before
-deciding to draft the next. Draft ``j`` matters only when drafts ``0..j-1`` were accepted, so the head's
-inputs are the output itself: one unrolled, teacher-forced pass per request gives every position's chain
-(:func:`sdlib.models.train.modules.unroll_head`, the drafting loop the heads were trained with and that
-:func:`sdlib.models.train.acceptance.offline_acceptance` scores).
+deciding to draft the next. The chain runs as an engine drafts: step 0 reads the target's features and the
+real context, each later step reads the head's own previous draft (after a rejected draft too: a stopping
+rule must not see confidences computed from tokens no engine has). One pass per request gives every
+position's chain at once (the drafting loop of :func:`sdlib.models.train.modules.unroll_head`, the one the
+heads were trained with, fed the drafts instead of the output).
 
 The same pass gives the head's greedy acceptance ``acc[q]`` (1 + drafts equal to the output, capped as the
 traces are: ``min(k + 1, len(output) - q)``), which is checked against the trace's ``acc_eagle`` (vLLM's,
@@ -85,7 +86,7 @@ def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[
     import torch
 
     from sdlib.models.train.llama import lm_features
-    from sdlib.models.train.modules import rope, unroll_head
+    from sdlib.models.train.modules import rope
 
     P, out = len(prompt), list(output)
     Lo = len(out)
@@ -101,10 +102,19 @@ def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[
         cos, sin = rope(T, m.head.shape.head_dim, m.head.rope_theta, seq.device)
         h0 = m.head.combine([a[:, :T] for a in aux])
         p1, tok = [], []
-        for x in unroll_head(m.head, emb, h0, cos, sin, k):  # step s at index i continues base i - s
+        caches = [[] for _ in m.head.blocks()]
+        h, e = h0, emb
+        for s in range(k):  # unroll_head's loop, fed its own drafts: step s at index i continues base i - s
+            x = m.head.step(e, h, cos, sin, caches, s)
             pr, a = m.head.logits(x).softmax(-1)[0].max(-1)
+            ids = m.draft_ids[a]  # step s at index i drafts the token at index i + 2
             p1.append(pr.numpy())
-            tok.append(m.draft_ids[a].numpy())
+            tok.append(ids.numpy())
+            h = torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1)
+            # step s + 1 at index i reads the token at i + 1 of its chain: step s's draft at i - 1 (free-running,
+            # as an engine drafts; teacher forcing would read the true token, which no engine has after a
+            # rejected draft)
+            e = m.target.model.embed_tokens(torch.cat([ids[:1], ids[:-1]])[None])
     o = np.asarray(out)
     for q in range(1, Lo):
         b = P + q - 2  # the base: its last known token is seq[b + 1] = output[q - 1]
@@ -127,6 +137,10 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
     from sdlib.models.train.files import sha256
 
     src = resolve(str(traces))
+    if not src.is_file():
+        raise FileNotFoundError(f"--traces: no file {src}")
+    if k is not None and k < 1:
+        raise ValueError(f"--k: want an integer >= 1, got {k}")
     prov_in = json.loads(provenance_path(src).read_text()) if provenance_path(src).exists() else {}
     k = int(k or prov_in.get("k") or 0)
     if k < 1:

@@ -89,21 +89,36 @@ def load_traces(spec: str):
     return df, min(ks)
 
 
-def load_confidences(spec: str) -> dict:
-    """{(dataset, request id): confidence rows} of the files matching ``spec`` (comma-separated globs)."""
+def load_confidences(spec: str, k: Optional[int] = None, traces: Optional[str] = None) -> dict:
+    """{(dataset, request id): confidence rows} of the files matching ``spec`` (comma-separated globs). With
+    ``k`` (the traces' k): each file must score at least k drafts; with ``traces`` (the --traces globs): each
+    file must have been made from one of those files as they are now (sha256)."""
     import glob
 
+    from sdlib.models.train.files import sha256
     from sdlib.sim.policy.confidence import read_confidences
 
     files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
     if not files:
         raise UsageError(f"--confidences: no file matches {spec!r}")
+    from sdlib.paths import resolve
+
+    shas = {Path(f).resolve(): sha256(Path(f)) for pat in traces.split(",") for f in glob.glob(pat)} if traces else None
     out = {}
     for f in files:
         try:
-            ds, rows = read_confidences(f)
+            ds, rows, prov = read_confidences(f)
         except (OSError, ValueError, KeyError) as e:
             raise UsageError(f"--confidences: {f}: {type(e).__name__}: {e}") from None
+        if k is not None and int(prov.get("k") or 0) < k:
+            raise UsageError(f"--confidences: {f} scores {prov.get('k')} drafts per position, the traces {k}")
+        if shas is not None:
+            src = resolve(str(prov.get("traces", ""))).resolve()
+            if src not in shas:
+                raise UsageError(f"--confidences: {f} was made from {prov.get('traces')!r}, which is not a --traces file")
+            if shas[src] != prov.get("traces_sha256"):
+                raise UsageError(f"--confidences: {f} was made from {prov.get('traces')!r} as it was then, not as it "
+                                 "is now (sha256 differs): rerun sdlib confidences")
         out.update({(ds, rid): conf for rid, conf in rows.items()})
     return out
 
@@ -170,7 +185,8 @@ def run(args) -> int:
             raise UsageError(f"--datasets: {bad} not in the traces ({sorted(set(prep.dataset))})")
         prep = select_requests(prep, args.sample, ds)
     prep = truncate_traces(prep, None)
-    confidences = load_confidences(args.confidences) if args.confidences else None
+    confidences = load_confidences(args.confidences, k, None if args.traces == "reference" else args.traces) \
+        if args.confidences else None
     if confidences is None and any(n in CONFIDENCE_POLICIES for n in names):
         raise UsageError(f"--confidences: {[n for n in names if n in CONFIDENCE_POLICIES]} need the requests' draft "
                          "confidences (sdlib confidences writes them)")

@@ -47,8 +47,8 @@ CAL_BINS = 20
 CAL_PRIOR_ACCEPTED, CAL_PRIOR_SEEN = 1.0, 2.0
 
 
-def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]]]:
-    """(dataset, {request id: conf rows}) of a confidence file written by ``sdlib confidences``
+def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]], dict]:
+    """(dataset, {request id: conf rows}, provenance) of a confidence file written by ``sdlib confidences``
     (:func:`sdlib.run.confidences.write_confidences`)."""
     from sdlib.paths import resolve
     from sdlib.sim.traces import provenance_path
@@ -57,7 +57,7 @@ def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]
     prov = json.loads(provenance_path(p).read_text())
     with gzip.open(p, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return prov["dataset"], {str(r["id"]): r["conf_eagle"] for r in rows}
+    return prov["dataset"], {str(r["id"]): r["conf_eagle"] for r in rows}, prov
 
 
 def attach_confidences(inp: PolicyInputs, conf: dict) -> None:
@@ -66,18 +66,24 @@ def attach_confidences(inp: PolicyInputs, conf: dict) -> None:
     drafted nothing: past the output). Raises ValueError naming a request without confidences."""
     prep, K = inp.prep, inp.kmax
     C = np.zeros((int(inp.off[-1]), K), np.float32)
-    missing = []
+    missing, short = [], []
     for r, key in enumerate(zip(prep.dataset, map(str, prep.request_id))):
         rows = conf.get(key)
         if rows is None:
             missing.append(key)
             continue
+        need = min(int(inp.G[r]), int(inp.L_eagle[r]))
+        if len(rows) < need:
+            short.append((key, len(rows), need))
         for q, row in enumerate(rows[:int(inp.G[r])]):
             n = min(len(row), K)
             if n:
                 C[inp.off[r] + q, :n] = row[:n]
     if missing:
         raise ValueError(f"{len(missing)} of {len(prep)} requests have no draft confidences, e.g. {missing[0]}")
+    if short:
+        raise ValueError(f"{len(short)} requests have draft confidences for fewer positions than their trace (made "
+                         f"from another trace?), e.g. {short[0][0]}: {short[0][1]} < {short[0][2]}")
     inp.extra["conf_eagle"] = C
 
 
@@ -227,7 +233,8 @@ class OnlineWithConfidence(OnlinePolicy):
         if m.any():
             req, pos, cfg = lanes.req[m], lanes.pos[m], lanes.cfg[m]
             kv = self.B[cfg] * (inp.prep.prompt_len[req] + pos)
-            t = self.base[EAGLE][cfg].astype(float) + (self.slope[EAGLE][cfg] * kv)[:, None]
+            cu = self.cu[cfg] * np.maximum(pos - lanes.state["eg_seen"][m], 0)  # what the online policy charges too
+            t = self.base[EAGLE][cfg].astype(float) + (self.slope[EAGLE][cfg] * kv + cu)[:, None]
             proposed, drafted = stop_lengths(self.calibration(inp, req, lanes.flat[m]), t)
             catch_up = eagle_n[m] - length[m] - 1.0  # tokens EAGLE-3 had not seen (it skipped steps)
             length = length.copy()

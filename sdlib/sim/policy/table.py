@@ -8,8 +8,9 @@ Families (``--policies`` of ``sdlib simulate``):
 * ``combine``: Oracle Combine (``combine``);
 * ``online``: the project's online policy (:mod:`sdlib.sim.policy.online`); ``online-ablations``: its
   one-drafter variant ``online-eagle3`` (length only; ``online-ngram`` by name);
-* ``online-confidence`` and ``online-confidence-raw`` by name: EAGLE-3's length stopped token by token on the
-  head's own confidence (:mod:`sdlib.sim.policy.confidence`; needs the requests' draft confidences);
+* ``online-confidence``, ``online-confidence-raw`` and ``online-with-confidence`` by name: EAGLE-3's length
+  stopped token by token on the head's own confidence, alone or inside the online policy's drafter choice
+  (:mod:`sdlib.sim.policy.confidence`; needs the requests' draft confidences);
 * each baseline of :data:`sdlib.sim.policy.baselines.BASELINES` by name.
 
 Speedup per (cost model, dataset, batch size, policy) = mean throughput with SD / mean throughput without,
@@ -130,11 +131,11 @@ def simulate_policies(prep: PreparedTraces, policies: Sequence[str], batch_sizes
     the confidence policies (:func:`sdlib.sim.policy.confidence.attach_confidences`).
     """
     inp = PolicyInputs.of(prep, kmax)
-    if confidences is not None:
+    names = expand_policies(policies, inp.kmax)
+    if confidences is not None and any(n in CONFIDENCE_POLICIES for n in names):
         from sdlib.sim.policy.confidence import attach_confidences
 
         attach_confidences(inp, confidences)
-    names = expand_policies(policies, inp.kmax)
     parts, base_cache = [], {}
     cfg = [(cm, int(B)) for cm in cost_models for B in batch_sizes]
     for name in names:
