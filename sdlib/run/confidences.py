@@ -26,7 +26,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
@@ -131,10 +130,10 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
                       progress: bool = True, argv: Optional[list[str]] = None) -> dict:
     """Confidences of every request of one of our trace files (``k``: the trace's, from its provenance);
     returns the provenance written beside ``out`` (``argv``: the command line that asked for it)."""
+    from sdlib.models.train.files import sha256, write_gz, write_json
     from sdlib.paths import repo_relative, resolve
-    from sdlib.sim.traces import provenance_path
+    from sdlib.sim.traces import TRACE_KEYS, provenance_path, read_trace_file
     from sdlib.store import git_commit, utc_now
-    from sdlib.models.train.files import sha256
 
     src = resolve(str(traces))
     if not src.is_file():
@@ -147,23 +146,22 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
         raise ValueError(f"--k: {src} has no provenance with k; give --k")
     t0 = time.perf_counter()
     m = load_eagle3(models)
-    with gzip.open(src, "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_trace_file(src, prov_in.get("dataset", ""), methods={"eagle3": TRACE_KEYS["eagle3"]})
+    if rows.empty:
+        raise ValueError(f"--traces: {src} has no EAGLE-3 acceptance lists ({TRACE_KEYS['eagle3']})")
     lines, agree, total = [], 0, 0
-    for i, r in enumerate(rows):
-        conf, acc = chain_confidences(m, r["prompt_token_ids"], r["generated_token_ids"], k)
-        ref = r.get("acc_eagle", {}).get("acc_len", [])
-        n = min(len(ref), len(acc))
-        agree += sum(int(a == b) for a, b in zip(acc[1:n], ref[1:n]))
+    for i, r in enumerate(rows.itertuples(index=False)):
+        conf, acc = chain_confidences(m, r.prompt_token_ids, r.output_token_ids, k)
+        n = min(len(r.acc_len), len(acc))
+        agree += sum(int(a == b) for a, b in zip(acc[1:n], r.acc_len[1:n]))
         total += max(n - 1, 0)
-        lines.append(json.dumps({"id": r["id"], "conf_eagle": conf, "acc_eagle_offline": acc}))
+        lines.append(json.dumps({"id": r.request_id, "conf_eagle": conf, "acc_eagle_offline": acc}))
         if progress:
             print(f"confidences: {i + 1}/{len(rows)} requests", file=sys.stderr, flush=True)
     dst = Path(out)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    with gzip.GzipFile(tmp, "wb", mtime=0) as f:  # byte-stable: no timestamp in the gzip header
-        f.write(("\n".join(lines) + "\n").encode())
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    write_gz(tmp, ("\n".join(lines) + "\n").encode())  # byte-stable
     tmp.replace(dst)
     info = {"written_at": utc_now(), "git_commit": git_commit(), "traces": repo_relative(src),
             "traces_sha256": sha256(src), "dataset": prov_in.get("dataset"), "k": k,
@@ -173,7 +171,7 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
                                                "fraction": round(agree / total, 6) if total else None},
             "seconds": round(time.perf_counter() - t0, 1),
             "argv": ["sdlib", "confidences", *(argv if argv is not None else sys.argv[1:])]}
-    provenance_path(dst).write_text(json.dumps(info, indent=2) + "\n")
+    write_json(provenance_path(dst), info)
     return info
 
 

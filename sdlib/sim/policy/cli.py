@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from sdlib.sim.policy.baselines import BASELINES
-from sdlib.sim.policy.table import CONFIDENCE_POLICIES, FAMILIES, FIXED_KS, ONLINE_VARIANTS
+from sdlib.sim.policy.confidence import ConfidenceError
+from sdlib.sim.policy.table import CONFIDENCE_POLICIES, FAMILIES, FIXED_KS, NEEDS_PREDICTOR, ONLINE_VARIANTS
 
 #: The committed, cross-fitted predictor for the reference traces (``--save-predictor`` writes one).
 REFERENCE_PREDICTOR = "data/predictors/online_reference.json"
@@ -96,13 +97,12 @@ def load_confidences(spec: str, k: Optional[int] = None, traces: Optional[str] =
     import glob
 
     from sdlib.models.train.files import sha256
+    from sdlib.paths import resolve
     from sdlib.sim.policy.confidence import read_confidences
 
     files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
     if not files:
         raise UsageError(f"--confidences: no file matches {spec!r}")
-    from sdlib.paths import resolve
-
     shas = {Path(f).resolve(): sha256(Path(f)) for pat in traces.split(",") for f in glob.glob(pat)} if traces else None
     out = {}
     for f in files:
@@ -192,14 +192,12 @@ def run(args) -> int:
                          "confidences (sdlib confidences writes them)")
     t_load = time.perf_counter() - t0
     predictor = None
-    if any(n in ONLINE_VARIANTS or n == "online-with-confidence" for n in names):
+    if any(n in NEEDS_PREDICTOR for n in names):
         predictor = _predictor(args, prep, k)
     t1 = time.perf_counter()
     try:
         per_req = simulate_policies(prep, names, batch_sizes, cms, predictor=predictor, kmax=k, confidences=confidences)
-    except ValueError as e:
-        if confidences is None or "draft confidences" not in str(e):
-            raise
+    except ConfidenceError as e:
         raise UsageError(f"--confidences: {e}") from None
     table, gaps = summarise(per_req)
     out = Path(args.out)

@@ -47,6 +47,16 @@ CAL_BINS = 20
 CAL_PRIOR_ACCEPTED, CAL_PRIOR_SEEN = 1.0, 2.0
 
 
+class ConfidenceError(ValueError):
+    """The requests' draft confidences are missing or do not cover their traces (``sdlib simulate`` reports it
+    as a ``--confidences`` error)."""
+
+
+def _bin(c, bins: int) -> np.ndarray:
+    """Equal-width bin of each confidence in [0, 1] (1.0 in the last bin)."""
+    return np.minimum((np.asarray(c) * bins).astype(np.int64), bins - 1)
+
+
 def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]], dict]:
     """(dataset, {request id: conf rows}, provenance) of a confidence file written by ``sdlib confidences``
     (:func:`sdlib.run.confidences.write_confidences`)."""
@@ -80,9 +90,9 @@ def attach_confidences(inp: PolicyInputs, conf: dict) -> None:
             if n:
                 C[inp.off[r] + q, :n] = row[:n]
     if missing:
-        raise ValueError(f"{len(missing)} of {len(prep)} requests have no draft confidences, e.g. {missing[0]}")
+        raise ConfidenceError(f"{len(missing)} of {len(prep)} requests have no draft confidences, e.g. {missing[0]}")
     if short:
-        raise ValueError(f"{len(short)} requests have draft confidences for fewer positions than their trace (made "
+        raise ConfidenceError(f"{len(short)} requests have draft confidences for fewer positions than their trace (made "
                          f"from another trace?), e.g. {short[0][0]}: {short[0][1]} < {short[0][2]}")
     inp.extra["conf_eagle"] = C
 
@@ -107,7 +117,7 @@ def _observations(inp: PolicyInputs, requests: np.ndarray) -> tuple[np.ndarray, 
 def fit_calibration(c: np.ndarray, y: np.ndarray, bins: int = CAL_BINS) -> np.ndarray:
     """A non-decreasing map (one value per confidence bin) from confidence to acceptance probability: the
     smoothed acceptance rate per bin, made monotone by pool-adjacent violators (weights = draws per bin)."""
-    b = np.minimum((np.asarray(c) * bins).astype(np.int64), bins - 1)
+    b = _bin(c, bins)
     acc = np.bincount(b, weights=np.asarray(y, float), minlength=bins) + CAL_PRIOR_ACCEPTED
     n = np.bincount(b, minlength=bins) + CAL_PRIOR_SEEN
     blocks = []  # [rate, weight, size] merged left to right
@@ -131,7 +141,7 @@ def reliability(inp: PolicyInputs, bins: int = 10):
     rows = []
     for ds in dict.fromkeys(inp.prep.dataset):
         c, y = _observations(inp, np.flatnonzero(inp.prep.dataset == ds))
-        b = np.minimum((c * bins).astype(np.int64), bins - 1)
+        b = _bin(c, bins)
         for i in np.unique(b):
             m = b == i
             rows.append({"dataset": ds, "bin_lo": i / bins, "bin_hi": (i + 1) / bins, "conf": float(c[m].mean()),
@@ -143,8 +153,7 @@ def reliability(inp: PolicyInputs, bins: int = 10):
 
 
 def calibrate(table: np.ndarray, c: np.ndarray) -> np.ndarray:
-    bins = table.size
-    return table[np.minimum((np.asarray(c) * bins).astype(np.int64), bins - 1)]
+    return table[_bin(c, table.size)]
 
 
 class Calibration:
@@ -154,7 +163,7 @@ class Calibration:
 
     def __init__(self, inp: PolicyInputs, calibrated: bool = True):
         if "conf_eagle" not in inp.extra:
-            raise ValueError("needs draft confidences (sdlib simulate --confidences; sdlib confidences)")
+            raise ConfidenceError("needs draft confidences (sdlib simulate --confidences; sdlib confidences)")
         self.maps: list[np.ndarray] = []
         self.fold = np.zeros(len(inp.prep), np.int64)
         if calibrated:
@@ -256,5 +265,5 @@ def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predict
     return walk(inp, pol, n_configs=len(cfg))
 
 
-__all__ = ["VARIANTS", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",
+__all__ = ["VARIANTS", "ConfidenceError", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",
            "stop_lengths", "ConfidencePolicy", "OnlineWithConfidence", "confidence_steps"]

@@ -34,7 +34,7 @@ import pandas as pd
 
 from sdlib.sim.policy.baselines import BASELINES, BATCH_DEPENDENT, baseline_steps
 from sdlib.sim.oracle import PreparedTraces
-from sdlib.sim.policy.confidence import VARIANTS as CONFIDENCE_POLICIES
+from sdlib.sim.policy.confidence import VARIANTS as CONFIDENCE_POLICIES, WITH_ONLINE
 from sdlib.sim.policy.walk import (KMAX, PolicyInputs, PolicySteps, no_sd_times, position_steps, request_times,
                                   walk)
 
@@ -45,6 +45,8 @@ ONLINE_VARIANTS = ("online", "online-eagle3", "online-ngram")
 #: ``online-ablations``: the length-only variant (``online-ngram`` is selectable by name; it never beats
 #: the n-gram's best fixed k by much, and walks slowly: most of its steps gain one token).
 ABLATIONS = ("online-eagle3",)
+#: Policies that read the online policy's acceptance predictor.
+NEEDS_PREDICTOR = (*ONLINE_VARIANTS, WITH_ONLINE)
 #: Columns of the policy table (``sdlib simulate --out``).
 TABLE_COLUMNS = ["dataset", "policy", "family", "batch_size", "cost_model", "speedup", "speedup_lo", "speedup_hi",
                  "tokens_per_step", "drafted_per_step", "num_requests"]
@@ -136,6 +138,12 @@ def simulate_policies(prep: PreparedTraces, policies: Sequence[str], batch_sizes
         from sdlib.sim.policy.confidence import attach_confidences
 
         attach_confidences(inp, confidences)
+    if predictor is None and any(n in NEEDS_PREDICTOR for n in names):  # cross-fitted once for all of them
+        from sdlib.sim.policy.features import add_features
+        from sdlib.sim.policy.training import crossfit
+
+        add_features(inp)
+        predictor = crossfit(inp)
     parts, base_cache = [], {}
     cfg = [(cm, int(B)) for cm in cost_models for B in batch_sizes]
     for name in names:
@@ -152,24 +160,19 @@ def policy_steps_at(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predicto
     from sdlib.sim.policy.features import add_features
     from sdlib.sim.policy.online import OnlinePolicy
 
-    if name in ONLINE_VARIANTS:
+    if name in NEEDS_PREDICTOR:
         add_features(inp)
         if predictor is None:
             from sdlib.sim.policy.training import crossfit
 
             predictor = crossfit(inp)
+    if name in ONLINE_VARIANTS:
         pol = OnlinePolicy(predictor.models, [c for c, _ in cfg], [b for _, b in cfg], variant=name,
                            model_of_request=predictor.model_of_request(), kmax=inp.kmax)
         return walk(inp, pol, n_configs=len(cfg))
     if name in CONFIDENCE_POLICIES:
-        from sdlib.sim.policy.confidence import WITH_ONLINE, confidence_steps
+        from sdlib.sim.policy.confidence import confidence_steps
 
-        if name == WITH_ONLINE:
-            add_features(inp)
-            if predictor is None:
-                from sdlib.sim.policy.training import crossfit
-
-                predictor = crossfit(inp)
         return confidence_steps(inp, name, cfg, predictor)
     if name in BATCH_DEPENDENT:
         by_b = {B: baseline_steps(name, inp, B) for B in dict.fromkeys(b for _, b in cfg)}
