@@ -138,6 +138,32 @@ def test_05_oracle_combine_instructcoder_bs1_authors(notebook_runs):
 
 
 # ---------------------------------------------------------------------------
+# notebook 06: the hook-off control and the graph-mode comparison are the sweeps' own numbers
+# ---------------------------------------------------------------------------
+
+def test_06_hook_control_and_graph_modes_are_the_sweeps(notebook_runs):
+    from sdlib.analysis.replay_report import graph_mode_comparison, hook_control
+
+    ctl = notebook_runs.csv("06_trace_replay", "06_trace_replay__hook_control.csv")
+    want = hook_control(["data/sweeps/h200_hookoff", "data/sweeps/h200_hookoff_piecewise"])
+    key = ["sweep", "method_label", "batch_size"]
+    m = ctl.merge(want, on=key, suffixes=("", "_want"))
+    assert len(m) == len(ctl) == len(want) == 30
+    for col in ("step_ms", "step_ms_q25", "step_ms_q75"):
+        assert np.allclose(m[col], m[f"{col}_want"], rtol=1e-9)
+    gm = notebook_runs.csv("06_trace_replay", "06_trace_replay__graph_modes.csv")
+    assert set(gm["dataset"]) == {"gsm8k", "instructcoder"} and set(gm["graph_mode"]) == {"FULL_AND_PIECEWISE", "FULL"}
+    want = graph_mode_comparison(["data/sweeps/h200_replay", "data/sweeps/h200_ragged_full"],
+                                 ["ngram-k3-fixed", "ngram-k5-fixed", "ngram-k10-oracle", "ngram-k10-online-ngram",
+                                  "ngram-k10-specdecode-adaptive", "ngram-k3-propose_nothing"])
+    assert {"ngram-k10-online-ngram", "ngram-k10-specdecode-adaptive"} <= set(gm["method_label"])
+    m = gm.merge(want, on=["graph_mode", "dataset", "method_label", "batch_size"], suffixes=("", "_want"))
+    assert len(m) == len(gm)
+    for col in ("speedup", "vs_first", "vs_best_fixed"):
+        assert np.allclose(m[col], m[f"{col}_want"], rtol=1e-9, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------
 # notebook 07: the measured H200 ratios are the requests' own throughput; the gap shares are the table's
 # ---------------------------------------------------------------------------
 

@@ -33,3 +33,30 @@ def test_custom_method_config():
                                                  "model": "sdlib.vllm.proposers.NgramOrDraft"}
     with pytest.raises(ConfigError, match="custom"):
         parse_sweep({**base, "methods": [{"name": "custom", "model": "data/models/draft"}]})
+
+
+def test_preflight_imports_a_custom_proposer_class_instead_of_looking_for_a_model(monkeypatch):
+    """A proposer class is not a model folder or Hub id: preflight imports it (offline), and names the field
+    when the module or the class is missing (it once refused configs/embedded_custom.yaml offline)."""
+    import sdlib.run.preflight as pf
+    from sdlib.config import load_sweep
+    from sdlib.paths import resolve
+
+    monkeypatch.setattr(pf, "hub_reachable", lambda: False)
+    for cfg in ("configs/embedded_custom.yaml", "configs/h200_hookoff.yaml"):
+        sweep = load_sweep(resolve(cfg))
+        for i, m in enumerate(sweep.methods):
+            if m.name == "custom":
+                pf._check_proposer_class(f"methods.{i}.model", m.model)  # imports, no error
+    with pytest.raises(ConfigError, match=r"methods\.3\.model: .*no class 'Nope'"):
+        pf._check_proposer_class("methods.3.model", "sdlib.vllm.proposers.Nope")
+    with pytest.raises(ConfigError, match=r"methods\.0\.model: cannot import 'sdlib\.nope'"):
+        pf._check_proposer_class("methods.0.model", "sdlib.nope.Class")
+
+
+def test_propose_nothing_drafts_nothing():
+    from sdlib.vllm.proposers import ProposeNothing
+
+    p = ProposeNothing(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3)))
+    p.load_model()
+    assert p.propose([[1], [2], []], np.array([4, 5, 1]), np.zeros((3, 8), np.int32)) == [[], [], []]

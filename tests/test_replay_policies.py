@@ -87,6 +87,37 @@ def test_online_at_k_drafts_k_every_step_and_only_chooses_the_drafter():
             assert (st_k.n_i - 1).mean() < prop.mean()
 
 
+def test_online_ngram_replays_the_ngram_alone_on_the_ngram_path():
+    """The online policy's n-gram-only variant: every step drafts with the n-gram or not at all, never past its
+    look-up's continuation nor K; it replays on the n-gram path only, and the ragged FULL-graph config's cells
+    get plans as the worker makes them."""
+    from sdlib.run.replay import cell_plans
+    from sdlib.sim.policy.replay_plans import policy_steps
+    from sdlib.sim.policy.walk import EAGLE, PolicyInputs
+    from sdlib.sim.traces import load_reference_traces
+    from sdlib.workloads import load_prompts, load_trace_table
+
+    prep = truncate_traces(prepare_traces(load_reference_traces(["instructcoder"]), keep_tokens=True), 128)
+    for B in (1, 128):
+        st = policy_steps(prep, "ngram", "online-ngram", K=10, batch_size=B)
+        prop = st.n_i - 1
+        avail = PolicyInputs.of(prep).at("avail", st.req, st.pos)
+        assert not (st.drafter == EAGLE).any() and (prop <= np.minimum(avail, 10)).all() and prop.max() > 3
+    with pytest.raises(ValueError, match="replays on"):
+        policy_steps(prep, "eagle3", "online-ngram", K=10)
+    sweep = load_sweep("configs/h200_ragged_full.yaml")
+    cells = [c for c in sweep.cells() if c.method.replay in ("online-ngram", "specdecode-adaptive")
+             and c.workload.dataset == "instructcoder"]
+    assert len(cells) == 6 and all("replay_inputs" in c.key() for c in cells if c.method.replay == "online-ngram")
+    wl = cells[0].workload
+    prompts, table = load_prompts(wl, None), load_trace_table(wl)
+    for c in cells:
+        plans, by_index = cell_plans(c, prompts, table)
+        assert plans.ngram is not None and plans.K == 10
+        for p in by_index.values():
+            assert (p.proposed <= 10).all() and sum(p.gains()) == p.output_len
+
+
 def test_a_refitted_predictor_gives_the_online_replay_cells_new_run_ids(tmp_path, monkeypatch):
     """The online plans are decided from committed files: a refit must not leave old cells looking done."""
     from sdlib.sim.policy import replay_plans

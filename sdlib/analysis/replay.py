@@ -13,6 +13,8 @@ Usage:
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import numpy as np
@@ -143,8 +145,9 @@ def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFram
     (steps where every running request gained tokens but none was prefilled), and tokens gained per step."""
     es = engine_steps.merge(runs[["run_id", "method_label", "batch_size", "dataset"]], on="run_id")
     es = es.merge(info[["method_label", "engine", "replay", "K"]], on="method_label", how="left")
+    sched = es["num_scheduled_tokens"].astype(float)  # unknown where no plan says what was drafted (no replay)
     decode = (es["num_running"] == es["batch_size"]) & \
-        (es["num_scheduled_tokens"].astype(float) <= es["batch_size"] * (1 + es["K"]))
+        (sched.isna() | (sched <= es["batch_size"] * (1 + es["K"])))
     es = es[decode]
     g = es.groupby(["engine", "method_label", "replay", "K", "batch_size"], dropna=False)
     out = g.agg(step_ms=("duration_s", lambda s: 1000 * float(np.median(s))),
@@ -153,6 +156,30 @@ def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFram
                 tokens_per_step=("num_new_tokens", "mean"), steps=("duration_s", "size")).reset_index()
     out["tokens_per_step"] = out["tokens_per_step"] / out["batch_size"]
     return out
+
+
+#: vLLM's CUDA-graph mode where a sweep's engine settings name none (vLLM 0.26 default)
+DEFAULT_GRAPH_MODE = "FULL_AND_PIECEWISE"
+
+
+def graph_mode(provenance: dict[str, Any]) -> str:
+    """The sweep's CUDA-graph mode: ``engine.extra.compilation_config.cudagraph_mode``, else vLLM's default."""
+    extra = (provenance.get("config", {}).get("engine") or {}).get("extra") or {}
+    return str((extra.get("compilation_config") or {}).get("cudagraph_mode", DEFAULT_GRAPH_MODE))
+
+
+def hook_times(store) -> pd.DataFrame:
+    """Per replayed cell: the replay hooks' own host time per wrapped call (``hook_ms``) and the part spent
+    inside vLLM's wrapped call (``vllm_ms``), from ``replay/<run_id>.json`` (cells recorded before the hooks
+    timed themselves have none)."""
+    rows = []
+    for f in sorted((store.dir / "replay").glob("*.json")):
+        h = json.loads(f.read_text()).get("hooks", {})
+        if h.get("hook_calls"):
+            n = float(h["hook_calls"])
+            rows.append({"run_id": f.stem, "hook_calls": int(n), "hook_ms": 1000 * h["hook_s"] / n,
+                         "vllm_ms": 1000 * h["vllm_s"] / n})
+    return pd.DataFrame(rows, columns=["run_id", "hook_calls", "hook_ms", "vllm_ms"])
 
 
 def simulator_labels(sp: pd.DataFrame) -> pd.DataFrame:

@@ -13,9 +13,9 @@ from typing import Sequence
 
 import pandas as pd
 
-from sdlib.analysis.replay import (batch_throughput, calibration_table, error_summary, harness_hiccups,
-                                   measured_stack, method_info, paired_speedups, sim_vs_measured, simulator_labels,
-                                   step_costs)
+from sdlib.analysis.replay import (batch_throughput, calibration_table, error_summary, graph_mode, harness_hiccups,
+                                   hook_times, measured_stack, method_info, paired_speedups, sim_vs_measured,
+                                   simulator_labels, step_costs)
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.replay_costs import (fit_engine_steps, fits_table, refit_speedups, replay_traces,
@@ -59,6 +59,78 @@ def measured_relative(sweep_dir: str | Path, reference: str) -> pd.DataFrame:
     rel = rel.rename(columns={"speedup": "vs_reference", "speedup_lo": "vs_reference_lo",
                               "speedup_hi": "vs_reference_hi"})
     return rel.assign(reference=reference)
+
+
+def hook_control(sweep_dirs: Sequence[str | Path]) -> pd.DataFrame:
+    """The n-gram path's hook-off control (configs/h200_hookoff*.yaml): per sweep, engine method and batch size,
+    the median engine step with its interquartile range (:func:`~sdlib.analysis.replay.step_costs`), the
+    CUDA-graph mode, whether the replay hooks were installed, and their own host time per step."""
+    out = []
+    for d in sweep_dirs:
+        store = SweepStore(d)
+        prov = store.read_provenance()
+        info = method_info(prov)
+        runs = store.read("runs")
+        c = step_costs(runs, store.read("engine_steps"), info)
+        t = hook_times(store).merge(runs[["run_id", "method_label", "batch_size"]], on="run_id")
+        c = c.merge(t.drop(columns="run_id"), on=["method_label", "batch_size"], how="left")
+        out.append(c.assign(sweep=store.dir.name, graph_mode=graph_mode(prov), hooks=c["replay"].notna()))
+    cols = ["sweep", "graph_mode", "engine", "method_label", "replay", "hooks", "K", "batch_size", "step_ms",
+            "step_ms_q25", "step_ms_q75", "tokens_per_step", "steps", "hook_calls", "hook_ms", "vllm_ms"]
+    return pd.concat(out, ignore_index=True)[cols]
+
+
+def graph_mode_comparison(sweep_dirs: Sequence[str | Path], labels: Sequence[str]) -> pd.DataFrame:
+    """The same replayed cells under different CUDA-graph modes (one sweep per mode, same requests): per
+    (dataset, method label, batch size) and sweep, the speedup over that sweep's own no-SD cells with its 95%
+    interval, the throughput relative to the first sweep on the same prompts (``vs_first``, paired bootstrap
+    over prompts) and, per sweep, the Oracle Proposal / fixed rows relative to the sweep's best fixed label in
+    that cell (``vs_best_fixed``, paired)."""
+    from sdlib.analysis.replay import N_BOOT, SEED, _boot_ratio, graph_mode
+
+    out, first = [], None
+    for d in sweep_dirs:
+        store, info, _, _, _, batches = _batches(d)
+        batches = batches[batches["method_label"].isin(list(labels) + ["none"])]
+        sp = paired_speedups(batches, info)
+        sp = sp[sp["method_label"] != "none"].assign(sweep=store.dir.name,
+                                                      graph_mode=graph_mode(store.read_provenance()))
+        fixed = sp[sp["replay"] == "fixed"]
+        best = fixed.loc[fixed.groupby(["dataset", "batch_size"])["speedup"].idxmax(),
+                         ["dataset", "batch_size", "method_label"]].rename(columns={"method_label": "best_fixed"})
+        sp = sp.merge(best, on=["dataset", "batch_size"], how="left")
+        key = ["dataset", "batch_size", "prompt_index"]
+        b = batches.set_index(key + ["method_label"])["tok_per_s"]
+        rel, rel_lo, rel_hi, vf, vf_lo, vf_hi = ([] for _ in range(6))
+        for r in sp.itertuples():
+            x = b.xs((r.dataset, r.batch_size, r.method_label), level=["dataset", "batch_size", "method_label"])
+            y = b.xs((r.dataset, r.batch_size, r.best_fixed), level=["dataset", "batch_size", "method_label"]) \
+                if isinstance(r.best_fixed, str) else x.iloc[:0]
+            c = x.index.intersection(y.index)
+            vf.append(float(x[c].mean() / y[c].mean()) if len(c) else float("nan"))
+            lo, hi = _boot_ratio(x[c].to_numpy(float), y[c].to_numpy(float), N_BOOT, SEED)
+            vf_lo.append(lo)
+            vf_hi.append(hi)
+            if first is None:
+                rel.append(1.0), rel_lo.append(1.0), rel_hi.append(1.0)
+                continue
+            try:
+                z = first.xs((r.dataset, r.batch_size, r.method_label), level=["dataset", "batch_size", "method_label"])
+            except KeyError:
+                z = x.iloc[:0]
+            c = x.index.intersection(z.index)
+            rel.append(float(x[c].mean() / z[c].mean()) if len(c) else float("nan"))
+            lo, hi = _boot_ratio(x[c].to_numpy(float), z[c].to_numpy(float), N_BOOT, SEED)
+            rel_lo.append(lo)
+            rel_hi.append(hi)
+        out.append(sp.assign(vs_first=rel, vs_first_lo=rel_lo, vs_first_hi=rel_hi,
+                             vs_best_fixed=vf, vs_best_fixed_lo=vf_lo, vs_best_fixed_hi=vf_hi))
+        if first is None:
+            first = b
+    cols = ["sweep", "graph_mode", "dataset", "method_label", "replay", "K", "batch_size", "n_prompts", "speedup",
+            "speedup_lo", "speedup_hi", "best_fixed", "vs_best_fixed", "vs_best_fixed_lo", "vs_best_fixed_hi",
+            "vs_first", "vs_first_lo", "vs_first_hi"]
+    return pd.concat(out, ignore_index=True)[cols]
 
 
 def _batches(sweep_dir: str | Path) -> tuple:

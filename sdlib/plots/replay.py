@@ -9,7 +9,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,8 @@ from sdlib.plots.style import new_figure
 
 #: colours per policy family
 FAMILY_COLORS = {"fixed": "C0", "oracle": "C1", "combine": "C2"}
+#: replay policies that are not per-step choices (left out of the "vs best fixed k" panel)
+CALIBRATION_OR_FIXED = ("fixed", "accept_all", "accept_none", "propose_nothing")
 #: marker per engine path
 PATH_MARKERS = {"eagle3": "o", "ngram": "s", "draft_model": "^", "eagle": "v"}
 
@@ -139,9 +141,10 @@ def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str,
     return fig
 
 
-def replay_title(store, what: str = "") -> str:
+def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str:
     """``<what>\\n<sweep>: <model> (<weights>), acceptance replayed from <traces>; <device>, vLLM <v>``, from
-    the sweep's provenance (what produced the data, for every figure of notebook 06)."""
+    the sweep's provenance (what produced the data, for every figure of notebook 06); ``acceptance`` replaces
+    the acceptance clause where a sweep's methods fix acceptance themselves (calibration, controls)."""
     prov = store.read_provenance()
     cfg = prov.get("config", {})
     engines = [e for inv in prov.get("invocations", []) for e in inv.get("engines", [])]
@@ -156,6 +159,75 @@ def replay_title(store, what: str = "") -> str:
                    else f"our traces ({w.get('path')})" for w in cfg.get("workloads", [])})
     device = next((e.get("device") for e in reversed(engines) if e.get("device")), "")
     ver = next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), "")
-    line = (f"{prov.get('sweep', store.dir.name)}: {', '.join(models)}; acceptance replayed from "
-            f"{' and '.join(srcs)}; {device.replace('CPU: ', 'CPU ')}, vLLM {ver}")
+    acc = acceptance or f"acceptance replayed from {' and '.join(srcs)}"
+    line = f"{prov.get('sweep', store.dir.name)}: {', '.join(models)}; {acc}; {device.replace('CPU: ', 'CPU ')}, vLLM {ver}"
     return f"{what}\n{line}" if what else line
+
+
+def plot_hook_control(ctl: pd.DataFrame, title: str):
+    """The n-gram path's hook-off control: median engine step (bar: interquartile range) per batch size, a
+    marker per engine method (filled: replay hooks installed), one panel per CUDA-graph mode."""
+    modes = list(dict.fromkeys(ctl["graph_mode"]))
+    labels = list(dict.fromkeys(ctl.sort_values(["hooks", "K", "method_label"])["method_label"]))
+    bss = sorted(ctl["batch_size"].unique())
+    fig, axes = new_figure(1, len(modes), width=5.2, height=3.8, sharey=True)
+    w = 0.8 / max(len(labels), 1)
+    handles = {}
+    for ax, mode in zip(axes[0], modes):
+        for i, lab in enumerate(labels):
+            d = ctl[(ctl["graph_mode"] == mode) & (ctl["method_label"] == lab)].set_index("batch_size").reindex(bss)
+            if d["step_ms"].isna().all():
+                continue
+            x = np.arange(len(bss)) + (i - (len(labels) - 1) / 2) * w
+            hooked = bool(d["hooks"].dropna().iloc[0])
+            h = ax.errorbar(x, d["step_ms"], yerr=_err(d, "step_ms", "step_ms_q25", "step_ms_q75"), fmt="o",
+                            capsize=2, color=f"C{i}", mfc=f"C{i}" if hooked else "white")
+            handles.setdefault(lab + (" (hooks)" if hooked else ""), h)
+        ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
+        ax.set(title=f"CUDA graphs: {mode}", xlabel="batch size",
+               ylabel="median engine step, ms (IQR)" if mode == modes[0] else "")
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title, fontsize=9, y=1.04)
+    return fig
+
+
+def plot_graph_modes(cmp_: pd.DataFrame, title: str, datasets: Optional[Sequence[str]] = None):
+    """The same replayed cells under each CUDA-graph mode: top, speedup over the mode's own no-SD cells (95%
+    interval) per method (filled: the later mode, hollow: the first); bottom, each per-step policy (Oracle
+    Proposal, online, adaptive rules) relative to the best fixed k of the same mode and cell (paired 95%
+    interval)."""
+    modes = list(dict.fromkeys(cmp_["graph_mode"]))
+    ds = list(datasets or dict.fromkeys(cmp_["dataset"]))
+    labels = list(dict.fromkeys(cmp_.sort_values(["replay", "K"])["method_label"]))
+    bss = sorted(cmp_["batch_size"].unique())
+    fig, axes = new_figure(2, len(ds), width=4.6, height=3.2, sharey="row")
+    w = 0.8 / max(len(labels) * len(modes), 1)
+    handles = {}
+    for j, d in enumerate(ds):
+        top, bot = axes[0][j], axes[1][j]
+        for i, lab in enumerate(labels):
+            for m, mode in enumerate(modes):
+                g = cmp_[(cmp_["dataset"] == d) & (cmp_["method_label"] == lab) & (cmp_["graph_mode"] == mode)]
+                g = g.set_index("batch_size").reindex(bss)
+                if g["speedup"].isna().all():
+                    continue
+                x = np.arange(len(bss)) + ((i * len(modes) + m) - (len(labels) * len(modes) - 1) / 2) * w
+                face = f"C{i}" if m == len(modes) - 1 else "white"
+                h = top.errorbar(x, g["speedup"], yerr=_err(g, "speedup", "speedup_lo", "speedup_hi"), fmt="o",
+                                 capsize=2, color=f"C{i}", mfc=face)
+                handles.setdefault(f"{lab}, {mode}", h)
+                if set(g["replay"].dropna()) - set(CALIBRATION_OR_FIXED):
+                    bot.errorbar(x, g["vs_best_fixed"], yerr=_err(g, "vs_best_fixed", "vs_best_fixed_lo",
+                                                                  "vs_best_fixed_hi"),
+                                 fmt="o", capsize=2, color=f"C{i}", mfc=face)
+        top.axhline(1, color="grey", lw=0.8)
+        bot.axhline(1, color="grey", lw=0.8)
+        top.set_title(d, fontsize=9)
+        for ax in (top, bot):
+            ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
+        bot.set_xlabel("batch size")
+    axes[0][0].set_ylabel("speedup over no SD\n(same graph mode, 95% CI)")
+    axes[1][0].set_ylabel("per-step policy /\nbest fixed k (paired 95% CI)")
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title, fontsize=9, y=1.04)
+    return fig

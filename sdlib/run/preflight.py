@@ -87,6 +87,18 @@ def _check_model(field: str, path: str) -> Optional[dict]:
     return None
 
 
+def _check_proposer_class(field: str, dotted: str) -> None:
+    import importlib
+
+    module, _, name = dotted.rpartition(".")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{field}: cannot import {module!r} for the proposer class {dotted!r} ({e})") from None
+    if not isinstance(getattr(mod, name, None), type):
+        raise ConfigError(f"{field}: {module!r} has no class {name!r}")
+
+
 def _max_len(cfg: dict) -> Optional[int]:
     n = cfg.get("max_position_embeddings")
     if not isinstance(n, int):
@@ -119,6 +131,9 @@ def preflight(sweep: SweepConfig) -> None:
             raise ConfigError(f"models.{i}.tokenizer: {resolve(m.tokenizer)} does not exist")
     for i, me in enumerate(sweep.methods):
         if not me.model:
+            continue
+        if me.name == "custom":  # a proposer class, not a model: it must import here as in the engine's worker
+            _check_proposer_class(f"methods.{i}.model", me.model)
             continue
         cfg = _check_model(f"methods.{i}.model", me.model)
         if cfg is None:

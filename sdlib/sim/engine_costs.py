@@ -5,7 +5,10 @@ What the replay (``data/sweeps/h200_replay``) showed, and what this model theref
 * on the EAGLE-3 path (V2 runner, asynchronous scheduling) every row verifies K tokens whatever it drafted,
   and the step time grows with K (EAGLE drafting K tokens + verifying K+1 per row + CUDA-graph sizes);
 * on the n-gram path (V1 runner, synchronous, ragged drafts) a row verifies what it drafted, but the step
-  carries a large fixed cost in this harness (host look-up, replay hooks), itself depending on K;
+  carries a large fixed cost: with vLLM 0.26's default CUDA graphs a batch whose rows verify fewer than
+  1 + K tokens leaves the FULL graph and is bound by the host (the hook-off control, configs/h200_hookoff*.yaml,
+  put the replay hooks' own host time at 0.02-0.31 ms per step; with ``cudagraph_mode: FULL`` most of the
+  fixed cost goes, configs/h200_ragged_full.yaml, not fitted here);
 * no SD: a plain decode step.
 
 So a step is priced by its engine **path** and its **k** (draft slots per row), per batch size ``B``::

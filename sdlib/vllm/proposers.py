@@ -117,3 +117,19 @@ class NgramOrDraft:
             self.stats["rows_draft"] += len(contexts)
         self.stats["steps"] += 1
         return drafts
+
+
+class ProposeNothing:
+    """Drafts nothing, ever: the fixed cost of vLLM's ``custom_class`` path (synchronous V1 runner) over no SD,
+    without any look-up or replay hook (the hook-off control, ``configs/h200_hookoff.yaml``)."""
+
+    def __init__(self, vllm_config: Any):
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load."""
+
+    def propose(self, sampled_token_ids: list, num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings: Optional[Any] = None) -> list[list[int]]:
+        """An empty draft for every row."""
+        return [[] for _ in sampled_token_ids]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -82,6 +83,9 @@ class _State:
         self.plans: Optional[ReplayPlans] = None
         self.by_pos: dict[int, dict[int, tuple[int, int]]] = {}
         self.counts = {"steps": 0, "unknown": 0, "off_plan": 0, "ngram_len_mismatch": 0}
+        # host seconds in the V1 hooks (the hook-off control, configs/h200_hookoff.yaml): the whole wrapped
+        # call, and the part inside vLLM's own proposer / take_draft_token_ids
+        self.counts.update({"hook_calls": 0, "hook_s": 0.0, "vllm_s": 0.0})
         self._rows: dict[int, str] = {}  # n-gram buffer row -> request id whose tokens it holds
         self._tok: Optional[np.ndarray] = None
         # V2
@@ -98,7 +102,7 @@ class _State:
         self._rows.clear()
         self._host_calls.clear()
         for c in self.counts:
-            self.counts[c] = 0
+            self.counts[c] = 0.0 if c.endswith("_s") else 0
         if plans.ngram is not None:
             width = max((len(t) for t in plans.tokens.values()), default=1) + 1
             n_rows = int(getattr(self.runner, "max_num_reqs", 0) or _max_num_reqs(self.runner))
@@ -171,13 +175,22 @@ def _install_v1(runner: Any, st: _State) -> None:
         orig_propose = drafter.propose
 
         def propose(num_spec, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+            t0 = time.perf_counter()
+            out = _propose(num_spec, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)
+            st.counts["hook_calls"] += 1
+            st.counts["hook_s"] += time.perf_counter() - t0
+            return out
+
+        def _propose(num_spec, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings):
             ib = runner.input_batch
             if st.plans is not None and st.plans.ngram is not None and st._tok is not None:
                 for i, rid in enumerate(ib.req_ids[:len(sampled_token_ids)]):
                     st.trace_tokens(i, rid)
                 token_ids_cpu = st._tok
+            t0 = time.perf_counter()
             real = orig_propose(num_spec, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
                                 slot_mappings=slot_mappings)
+            st.counts["vllm_s"] += time.perf_counter() - t0
             if st.plans is None:
                 return real
             out = []
@@ -202,9 +215,17 @@ def _install_v1(runner: Any, st: _State) -> None:
     orig_take = runner.take_draft_token_ids
 
     def take():
+        t0 = time.perf_counter()
         out = orig_take()
-        if out is None or st.plans is None:
-            return out
+        t1 = time.perf_counter()
+        st.counts["vllm_s"] += t1 - t0
+        if out is not None and st.plans is not None:
+            out = _replace(out)
+        st.counts["hook_calls"] += 1
+        st.counts["hook_s"] += time.perf_counter() - t0
+        return out
+
+    def _replace(out):
         new = []
         for rid, d_old in zip(out.req_ids, out.draft_token_ids):
             req = runner.requests.get(rid)
@@ -299,7 +320,7 @@ def _w_set(worker: Any, blob: bytes) -> None:
     _runner(worker)._sdlib_replay.set(pickle.loads(blob))
 
 
-def _w_stats(worker: Any) -> dict[str, int]:
+def _w_stats(worker: Any) -> dict[str, float]:
     return dict(_runner(worker)._sdlib_replay.counts)
 
 
@@ -322,7 +343,9 @@ def set_plans(llm: Any, plans: ReplayPlans) -> None:
     _rpc(llm, _w_set, pickle.dumps(plans))  # bytes: arrays do not survive vLLM's message encoding
 
 
-def stats(llm: Any) -> dict[str, int]:
+def stats(llm: Any) -> dict[str, float]:
     """Counts since the last :func:`set_plans`: steps replayed, requests without a plan, steps off plan,
-    n-gram proposals whose real length differed from the plan's."""
+    n-gram proposals whose real length differed from the plan's; on the V1 runner also the wrapped calls
+    (``hook_calls``), the host seconds they took (``hook_s``) and the part inside vLLM's own call
+    (``vllm_s``)."""
     return _rpc(llm, _w_stats)[0]

@@ -11,6 +11,8 @@ cross-fitted predictor (:data:`REPLAY_PREDICTOR`; each request decided by the mo
 ``online`` prices a step by what it drafts (the engine model's per-step k); ``online-at-k`` prices every
 option at the engine's K, as vLLM 0.26's EAGLE-3 path charges it (measured: the step time there depends on K
 and the batch size, not on what is drafted), so it drafts up to K every step and chooses the drafter.
+``online-ngram`` is the one-drafter variant (the n-gram's length per step, 0..K, priced by what it drafts),
+replayed on the n-gram path, where rows verify what they drafted.
 
 Which engine path each can stand for (:data:`POLICY_METHODS`): policies that mix drafters run on the EAGLE-3
 path (V2 runner: its head drafts every step, every row verifies K, and vLLM's n-gram look-up also runs on
@@ -28,7 +30,7 @@ from sdlib.sim.oracle import PreparedTraces, step_records
 from sdlib.sim.policy.walk import Capped, Policy, PolicyInputs, PolicySteps, from_step_records, walk
 
 #: Replay policy -> methods (engine paths) it can be replayed on.
-POLICY_METHODS = {"online": ("eagle3",), "online-at-k": ("eagle3",), "ngram-eagle": ("eagle3",),
+POLICY_METHODS = {"online": ("eagle3",), "online-at-k": ("eagle3",), "online-ngram": ("ngram",), "ngram-eagle": ("eagle3",),
                   "ngram-eagle-long": ("eagle3",), "arctic": ("eagle3",), "sglang-adaptive": ("eagle3",), "dynamic-sd": ("eagle3",),
                   "specdecode-adaptive": ("eagle3", "ngram")}
 #: Policies whose steps use both drafters: the engine runs vLLM's n-gram look-up beside EAGLE-3.
@@ -36,7 +38,7 @@ MIXED = ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic")
 REPLAY_COST_MODEL = "h200_replay_engine"
 REPLAY_PREDICTOR = "data/predictors/online_reference.json"
 #: Replay policies whose plans read those two files (a sweep cell's key hashes them: sdlib.config).
-ONLINE_REPLAYS = ("online", "online-at-k")
+ONLINE_REPLAYS = ("online", "online-at-k", "online-ngram")
 #: #24344's settings (n-gram k, EAGLE k) and issue #13's long variant's.
 NGRAM_EAGLE_K, NGRAM_EAGLE_LONG_K = (5, 3), (20, 5)
 
@@ -46,7 +48,7 @@ def online_inputs() -> list[str]:
     return [REPLAY_PREDICTOR, f"data/costmodels/{REPLAY_COST_MODEL}.json"]
 
 
-def _online(inp: PolicyInputs, K: int, batch_size: int, at_k: bool = False) -> Policy:
+def _online(inp: PolicyInputs, K: int, batch_size: int, at_k: bool = False, variant: str = "online") -> Policy:
     from sdlib.paths import resolve
     from sdlib.sim.policy.features import add_features
     from sdlib.sim.policy.online import OnlinePolicy
@@ -55,7 +57,7 @@ def _online(inp: PolicyInputs, K: int, batch_size: int, at_k: bool = False) -> P
 
     add_features(inp)
     pred = load_predictor(resolve(REPLAY_PREDICTOR), inp)
-    return OnlinePolicy(pred.models, [cost_model_of(REPLAY_COST_MODEL)], [batch_size], kmax=K,
+    return OnlinePolicy(pred.models, [cost_model_of(REPLAY_COST_MODEL)], [batch_size], variant=variant, kmax=K,
                         model_of_request=pred.model_of_request(), engine_k=K if at_k else None)
 
 
@@ -78,7 +80,8 @@ def policy_steps(prep: PreparedTraces, method: str, policy: str, K: int, batch_s
             return _plain_decode(inp, "eagle3", "padded")
         return from_step_records(step_records(prep, "eagle3", f"FIXED_{k}", "corrected"), "padded", k, "eagle3")
     if policy in ONLINE_REPLAYS:
-        pol: Policy = _online(inp, K, batch_size, at_k=policy == "online-at-k")
+        pol: Policy = _online(inp, K, batch_size, at_k=policy == "online-at-k",
+                              variant="online-ngram" if policy == "online-ngram" else "online")
     elif policy == "ngram-eagle":
         pol = NgramOrEagle(*NGRAM_EAGLE_K)
     elif policy == "ngram-eagle-long":
