@@ -32,12 +32,16 @@ def test_hook_control_step_times_and_hook_seconds_are_the_raw_tables():
     assert ctl.loc[ctl["method_label"] == "ngram-k3-hookoff", "hooks"].eq(False).all()
     assert ctl.loc[ctl["method_label"] == "ngram-k3-accept_all", "hooks"].eq(True).all()
     store = SweepStore(HOOKOFF[0])
-    es = store.read("engine_steps")
-    for label, bs, K in (("none", 32, 0), ("ngram-k3-propose_nothing", 1, 3), ("ngram-k3-hookoff", 128, 3)):
+    es, req = store.read("engine_steps"), store.read("requests")
+    for label, bs in (("none", 32), ("ngram-k3-propose_nothing", 1), ("ngram-k3-hookoff", 128),
+                      ("custom-k3-nothing", 128)):
+        # decode steps, defined here without the tables' token counts: the whole batch running and no
+        # request getting its first token in the step (the n-gram path without hooks has no token counts)
         rid = _run(store, label, bs)
         s = es[es["run_id"] == rid]
-        sched = s["num_scheduled_tokens"].astype(float)
-        d = s[(s["num_running"] == bs) & (sched.isna() | (sched <= bs * (1 + K)))]["duration_s"]
+        first = req.loc[req["run_id"] == rid, "first_token_s"].to_numpy(float)
+        prefill = np.array([((first > a) & (first <= a + d + 1e-9)).any() for a, d in zip(s["start_s"], s["duration_s"])])
+        d = s[(s["num_running"] == bs).to_numpy() & ~prefill]["duration_s"]
         row = ctl[(ctl["sweep"] == "h200_hookoff") & (ctl["method_label"] == label) & (ctl["batch_size"] == bs)]
         assert row["step_ms"].iloc[0] == pytest.approx(1000 * np.median(d))
         assert row["step_ms_q25"].iloc[0] <= row["step_ms"].iloc[0] <= row["step_ms_q75"].iloc[0]
@@ -47,6 +51,7 @@ def test_hook_control_step_times_and_hook_seconds_are_the_raw_tables():
     row = ctl[(ctl["sweep"] == "h200_hookoff") & (ctl["method_label"] == "ngram-k3-accept_all") & (ctl["batch_size"] == 32)]
     assert row["hook_ms"].iloc[0] == pytest.approx(1000 * h["hook_s"] / h["hook_calls"])
     assert row["vllm_ms"].iloc[0] < row["hook_ms"].iloc[0]
+    assert row["own_ms"].iloc[0] == pytest.approx(1000 * (h["hook_s"] - h["vllm_s"]) / h["hook_calls"])
     assert ctl.loc[~ctl["hooks"], "hook_ms"].isna().all()
 
 
@@ -59,6 +64,9 @@ def test_hook_times_skip_cells_recorded_before_the_hooks_timed_themselves(tmp_pa
     assert t["run_id"].tolist() == ["new"] and t["hook_ms"].iloc[0] == pytest.approx(0.5)
     assert graph_mode({"config": {"engine": {"extra": {"compilation_config": {"cudagraph_mode": "FULL"}}}}}) == "FULL"
     assert graph_mode({"config": {"engine": {}}}) == DEFAULT_GRAPH_MODE
+    assert graph_mode({"config": {"engine": {"extra": {"compilation_config": '{"cudagraph_mode": "PIECEWISE"}'}}}}) \
+        == "PIECEWISE"
+    assert graph_mode({"config": {"engine": {"enforce_eager": True}}}) == "NONE"
 
 
 def _tok_per_s(store: SweepStore, rid: str) -> pd.Series:

@@ -119,3 +119,22 @@ def test_rerun_of_a_finished_sweep_changes_no_file(tmp_path):
     run_sweep(cfg, quiet=True)
     assert files() == before
     assert "invocations" not in store.read_provenance()  # no invocation recorded: nothing ran
+
+
+def test_a_custom_proposer_that_drafts_less_than_k_leaves_drafted_unknown(fake_engine):
+    """A ``custom`` proposer may draft fewer than k tokens (or none): where vLLM's counters disagree with
+    k drafted per verify step, the tables say ``drafted`` is unknown instead of assuming k."""
+    cfg = {**CFG, "methods": [{"name": "custom", "model": "sdlib.vllm.proposers.ProposeNothing",
+                               "num_spec_tokens": 3}]}
+    cell = parse_sweep(cfg).cells()[0]
+
+    def tables(counters):
+        eng = fake_engine(scripts={1: [1, 1, 1]}, detailed={})
+        res = drive(eng, [FakePrompt(0, [0])], 1, lambda p: None, clock=eng.clock, spec_metrics=lambda c: None)
+        return build_tables(cell, res, counters, sweep="unit", started_at="t", detailed_requested=False)
+
+    nothing = tables({"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [0] * 3})
+    assert nothing["steps"]["drafted"].isna().all() and nothing["requests"]["num_drafted"].isna().all()
+    assert nothing["engine_steps"]["num_scheduled_tokens"].isna().sum() == 2  # the two verify steps
+    full = tables({"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 0, "accepted_per_pos": [0] * 3})
+    assert list(full["steps"]["drafted"]) == [3, 3] and list(full["requests"]["num_drafted"]) == [6]

@@ -145,9 +145,13 @@ def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFram
     (steps where every running request gained tokens but none was prefilled), and tokens gained per step."""
     es = engine_steps.merge(runs[["run_id", "method_label", "batch_size", "dataset"]], on="run_id")
     es = es.merge(info[["method_label", "engine", "replay", "K"]], on="method_label", how="left")
+    es = es.sort_values(["run_id", "engine_step"])
     sched = es["num_scheduled_tokens"].astype(float)  # unknown where no plan says what was drafted (no replay)
-    decode = (es["num_running"] == es["batch_size"]) & \
-        (sched.isna() | (sched <= es["batch_size"] * (1 + es["K"])))
+    full = es["num_running"] == es["batch_size"]
+    # where the tokens are unknown, the token bound cannot drop the step that prefills the batch's last prompts:
+    # drop each batch's first step at full size instead
+    first_full = full & ~(full.groupby(es["run_id"]).shift(1, fill_value=False).astype(bool))
+    decode = full & ((sched.isna() & ~first_full) | (sched <= es["batch_size"] * (1 + es["K"])))
     es = es[decode]
     g = es.groupby(["engine", "method_label", "replay", "K", "batch_size"], dropna=False)
     out = g.agg(step_ms=("duration_s", lambda s: 1000 * float(np.median(s))),
@@ -164,22 +168,31 @@ DEFAULT_GRAPH_MODE = "FULL_AND_PIECEWISE"
 
 def graph_mode(provenance: dict[str, Any]) -> str:
     """The sweep's CUDA-graph mode: ``engine.extra.compilation_config.cudagraph_mode``, else vLLM's default."""
-    extra = (provenance.get("config", {}).get("engine") or {}).get("extra") or {}
-    return str((extra.get("compilation_config") or {}).get("cudagraph_mode", DEFAULT_GRAPH_MODE))
+    engine = provenance.get("config", {}).get("engine") or {}
+    if engine.get("enforce_eager"):
+        return "NONE"
+    cc = (engine.get("extra") or {}).get("compilation_config") or {}
+    if isinstance(cc, str):  # vLLM also takes it as JSON text
+        try:
+            cc = json.loads(cc)
+        except ValueError:
+            return cc
+    return str(cc.get("cudagraph_mode", DEFAULT_GRAPH_MODE)) if isinstance(cc, dict) else DEFAULT_GRAPH_MODE
 
 
 def hook_times(store) -> pd.DataFrame:
-    """Per replayed cell: the replay hooks' own host time per wrapped call (``hook_ms``) and the part spent
-    inside vLLM's wrapped call (``vllm_ms``), from ``replay/<run_id>.json`` (cells recorded before the hooks
-    timed themselves have none)."""
+    """Per replayed cell: host time per wrapped call (``hook_ms``), the part inside vLLM's own call
+    (``vllm_ms``) and the hooks' own part (``own_ms``), from ``replay/<run_id>.json`` (cells recorded before the
+    hooks timed themselves have none; those recorded before 2026-12-02's worker change include the warm-up)."""
     rows = []
     for f in sorted((store.dir / "replay").glob("*.json")):
         h = json.loads(f.read_text()).get("hooks", {})
         if h.get("hook_calls"):
             n = float(h["hook_calls"])
-            rows.append({"run_id": f.stem, "hook_calls": int(n), "hook_ms": 1000 * h["hook_s"] / n,
-                         "vllm_ms": 1000 * h["vllm_s"] / n})
-    return pd.DataFrame(rows, columns=["run_id", "hook_calls", "hook_ms", "vllm_ms"])
+            rows.append({"run_id": f.stem, "hook_calls": int(n), "hook_s": float(h["hook_s"]),
+                         "vllm_s": float(h["vllm_s"]), "hook_ms": 1000 * h["hook_s"] / n,
+                         "vllm_ms": 1000 * h["vllm_s"] / n, "own_ms": 1000 * (h["hook_s"] - h["vllm_s"]) / n})
+    return pd.DataFrame(rows, columns=["run_id", "hook_calls", "hook_s", "vllm_s", "hook_ms", "vllm_ms", "own_ms"])
 
 
 def simulator_labels(sp: pd.DataFrame) -> pd.DataFrame:

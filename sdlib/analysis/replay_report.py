@@ -62,9 +62,10 @@ def measured_relative(sweep_dir: str | Path, reference: str) -> pd.DataFrame:
 
 
 def hook_control(sweep_dirs: Sequence[str | Path]) -> pd.DataFrame:
-    """The n-gram path's hook-off control (configs/h200_hookoff*.yaml): per sweep, engine method and batch size,
-    the median engine step with its interquartile range (:func:`~sdlib.analysis.replay.step_costs`), the
-    CUDA-graph mode, whether the replay hooks were installed, and their own host time per step."""
+    """The n-gram path's hook-off control (configs/h200_hookoff*.yaml): per sweep, engine method and batch size
+    (datasets pooled, as :func:`~sdlib.analysis.replay.step_costs` pools them), the median engine step with its
+    interquartile range, the CUDA-graph mode, whether the replay hooks were installed, and their host time
+    per wrapped call (``hook_ms``: ``vllm_ms`` inside vLLM's own call plus ``own_ms``, the hooks' own work)."""
     out = []
     for d in sweep_dirs:
         store = SweepStore(d)
@@ -73,10 +74,13 @@ def hook_control(sweep_dirs: Sequence[str | Path]) -> pd.DataFrame:
         runs = store.read("runs")
         c = step_costs(runs, store.read("engine_steps"), info)
         t = hook_times(store).merge(runs[["run_id", "method_label", "batch_size"]], on="run_id")
-        c = c.merge(t.drop(columns="run_id"), on=["method_label", "batch_size"], how="left")
+        t = t.groupby(["method_label", "batch_size"], as_index=False)[["hook_calls", "hook_s", "vllm_s"]].sum()
+        t["hook_ms"], t["vllm_ms"] = 1000 * t["hook_s"] / t["hook_calls"], 1000 * t["vllm_s"] / t["hook_calls"]
+        t["own_ms"] = t["hook_ms"] - t["vllm_ms"]
+        c = c.merge(t.drop(columns=["hook_s", "vllm_s"]), on=["method_label", "batch_size"], how="left")
         out.append(c.assign(sweep=store.dir.name, graph_mode=graph_mode(prov), hooks=c["replay"].notna()))
     cols = ["sweep", "graph_mode", "engine", "method_label", "replay", "hooks", "K", "batch_size", "step_ms",
-            "step_ms_q25", "step_ms_q75", "tokens_per_step", "steps", "hook_calls", "hook_ms", "vllm_ms"]
+            "step_ms_q25", "step_ms_q75", "tokens_per_step", "steps", "hook_calls", "hook_ms", "vllm_ms", "own_ms"]
     return pd.concat(out, ignore_index=True)[cols]
 
 

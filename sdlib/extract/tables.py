@@ -39,6 +39,20 @@ def _ngram_drafted_at(cell, r):
     return lambda p: 0 <= p < len(drafted) and drafted[p] > 0
 
 
+def _custom_drafted_k_every_step(result, counters: dict[str, Any], k: int, run_id: str) -> bool:
+    """Whether a user proposer (vLLM's ``custom_class``) drafted k tokens at every verify step, as the step
+    tables would otherwise assume: vLLM's counters must say so (drafts = verify steps, draft tokens = k per
+    draft). A proposer may draft less or nothing (``sdlib.vllm.proposers.ProposeNothing``); then ``drafted``
+    is unknown rather than assumed."""
+    n = sum(len(steps_from_gains(r.gains, None, k=k, drafter_always_proposes=True)) for r in result.requests)
+    drafts, tokens = counters.get("num_drafts"), counters.get("num_draft_tokens")
+    if drafts == n and tokens == k * n:
+        return True
+    log.warning("%s: vLLM counted %s drafts / %s draft tokens over %d verify steps (k=%d): drafted per step unknown",
+                run_id, drafts, tokens, n, k)
+    return False
+
+
 def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at: str,
                  detailed_requested: bool, replay: Optional[dict[int, dict[int, int]]] = None
                  ) -> dict[str, pd.DataFrame]:
@@ -51,6 +65,8 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     run_id = cell.run_id
     k = cell.method.k
     always = cell.method.name not in ("ngram",)
+    if always and k and replay is None and cell.method.name == "custom":
+        always = _custom_drafted_k_every_step(result, counters, k, run_id)
     req_rows, step_rows = [], []
     sched: dict[int, Any] = {}  # engine step -> tokens the target processed
     sources = set()

@@ -90,11 +90,18 @@ def _check_model(field: str, path: str) -> Optional[dict]:
 def _check_proposer_class(field: str, dotted: str) -> None:
     import importlib
 
+    import sys
+
+    from sdlib.paths import REPO_ROOT
+
     module, _, name = dotted.rpartition(".")
+    if str(REPO_ROOT) not in sys.path:  # the engine's worker has the repo root on its path (sdlib.run.sweep)
+        sys.path.append(str(REPO_ROOT))
     try:
         mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ConfigError(f"{field}: cannot import {module!r} for the proposer class {dotted!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - any import-time failure of a user's module is a config error here
+        raise ConfigError(f"{field}: cannot import {module!r} for the proposer class {dotted!r} "
+                          f"({type(e).__name__}: {e})") from None
     if not isinstance(getattr(mod, name, None), type):
         raise ConfigError(f"{field}: {module!r} has no class {name!r}")
 

@@ -144,6 +144,8 @@ def run_group(spec: dict[str, Any]) -> int:
             started_at = utc_now()
             if timers is not None:
                 timers.reset()
+            if cell.method.replay:
+                vr.reset_timers(llm)
             before = vc.read_spec_counters(llm)
             n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
             with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:

@@ -221,8 +221,9 @@ def _install_v1(runner: Any, st: _State) -> None:
         st.counts["vllm_s"] += t1 - t0
         if out is not None and st.plans is not None:
             out = _replace(out)
-        st.counts["hook_calls"] += 1
-        st.counts["hook_s"] += time.perf_counter() - t0
+        if out is not None:
+            st.counts["hook_calls"] += 1
+            st.counts["hook_s"] += time.perf_counter() - t0
         return out
 
     def _replace(out):
@@ -320,6 +321,11 @@ def _w_set(worker: Any, blob: bytes) -> None:
     _runner(worker)._sdlib_replay.set(pickle.loads(blob))
 
 
+def _w_reset_timers(worker: Any) -> None:
+    c = _runner(worker)._sdlib_replay.counts
+    c.update({"hook_calls": 0, "hook_s": 0.0, "vllm_s": 0.0})
+
+
 def _w_stats(worker: Any) -> dict[str, float]:
     return dict(_runner(worker)._sdlib_replay.counts)
 
@@ -341,6 +347,12 @@ def install(llm: Any, K: int) -> str:
 def set_plans(llm: Any, plans: ReplayPlans) -> None:
     """Make ``plans`` the current cell's plans in every worker (outside any timed window)."""
     _rpc(llm, _w_set, pickle.dumps(plans))  # bytes: arrays do not survive vLLM's message encoding
+
+
+def reset_timers(llm: Any) -> None:
+    """Zero the hooks' host-time counters (not the plan checks): the worker calls it after a cell's warm-up,
+    so ``hook_s`` / ``vllm_s`` cover the measured requests only."""
+    _rpc(llm, _w_reset_timers)
 
 
 def stats(llm: Any) -> dict[str, float]:
