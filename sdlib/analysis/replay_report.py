@@ -9,13 +9,13 @@ Usage:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import pandas as pd
 
-from sdlib.analysis.replay import (batch_throughput, calibration_table, error_summary, graph_mode, harness_hiccups,
-                                   hook_times, measured_stack, method_info, paired_speedups, sim_vs_measured,
-                                   simulator_labels, step_costs)
+from sdlib.analysis.replay import (N_BOOT, SEED, _boot_ratio, batch_throughput, calibration_table, error_summary,
+                                   graph_mode, harness_hiccups, hook_times, measured_stack, method_info,
+                                   paired_speedups, sim_vs_measured, simulator_labels, step_costs)
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.replay_costs import (fit_engine_steps, fits_table, refit_speedups, replay_traces,
@@ -90,8 +90,6 @@ def graph_mode_comparison(sweep_dirs: Sequence[str | Path], labels: Sequence[str
     interval, the throughput relative to the first sweep on the same prompts (``vs_first``, paired bootstrap
     over prompts) and, per sweep, the Oracle Proposal / fixed rows relative to the sweep's best fixed label in
     that cell (``vs_best_fixed``, paired)."""
-    from sdlib.analysis.replay import N_BOOT, SEED, _boot_ratio, graph_mode
-
     out, first = [], None
     for d in sweep_dirs:
         store, info, _, _, _, batches = _batches(d)
@@ -103,38 +101,32 @@ def graph_mode_comparison(sweep_dirs: Sequence[str | Path], labels: Sequence[str
         best = fixed.loc[fixed.groupby(["dataset", "batch_size"])["speedup"].idxmax(),
                          ["dataset", "batch_size", "method_label"]].rename(columns={"method_label": "best_fixed"})
         sp = sp.merge(best, on=["dataset", "batch_size"], how="left")
-        key = ["dataset", "batch_size", "prompt_index"]
-        b = batches.set_index(key + ["method_label"])["tok_per_s"]
-        rel, rel_lo, rel_hi, vf, vf_lo, vf_hi = ([] for _ in range(6))
-        for r in sp.itertuples():
-            x = b.xs((r.dataset, r.batch_size, r.method_label), level=["dataset", "batch_size", "method_label"])
-            y = b.xs((r.dataset, r.batch_size, r.best_fixed), level=["dataset", "batch_size", "method_label"]) \
-                if isinstance(r.best_fixed, str) else x.iloc[:0]
-            c = x.index.intersection(y.index)
-            vf.append(float(x[c].mean() / y[c].mean()) if len(c) else float("nan"))
-            lo, hi = _boot_ratio(x[c].to_numpy(float), y[c].to_numpy(float), N_BOOT, SEED)
-            vf_lo.append(lo)
-            vf_hi.append(hi)
-            if first is None:
-                rel.append(1.0), rel_lo.append(1.0), rel_hi.append(1.0)
-                continue
-            try:
-                z = first.xs((r.dataset, r.batch_size, r.method_label), level=["dataset", "batch_size", "method_label"])
-            except KeyError:
-                z = x.iloc[:0]
-            c = x.index.intersection(z.index)
-            rel.append(float(x[c].mean() / z[c].mean()) if len(c) else float("nan"))
-            lo, hi = _boot_ratio(x[c].to_numpy(float), z[c].to_numpy(float), N_BOOT, SEED)
-            rel_lo.append(lo)
-            rel_hi.append(hi)
-        out.append(sp.assign(vs_first=rel, vs_first_lo=rel_lo, vs_first_hi=rel_hi,
-                             vs_best_fixed=vf, vs_best_fixed_lo=vf_lo, vs_best_fixed_hi=vf_hi))
+        tok = {key: g.set_index("prompt_index")["tok_per_s"]
+               for key, g in batches.groupby(["dataset", "batch_size", "method_label"])}
+        vf = [_paired_ratio(tok.get((r.dataset, r.batch_size, r.method_label)),
+                            tok.get((r.dataset, r.batch_size, r.best_fixed))) for r in sp.itertuples()]
+        rel = [(1.0, 1.0, 1.0) if first is None else
+               _paired_ratio(tok.get((r.dataset, r.batch_size, r.method_label)),
+                             first.get((r.dataset, r.batch_size, r.method_label))) for r in sp.itertuples()]
+        ratios = {f"vs_best_fixed{s}": [v[i] for v in vf] for i, s in enumerate(("", "_lo", "_hi"))}
+        ratios.update({f"vs_first{s}": [v[i] for v in rel] for i, s in enumerate(("", "_lo", "_hi"))})
+        out.append(sp.assign(**ratios))
         if first is None:
-            first = b
+            first = tok
     cols = ["sweep", "graph_mode", "dataset", "method_label", "replay", "K", "batch_size", "n_prompts", "speedup",
             "speedup_lo", "speedup_hi", "best_fixed", "vs_best_fixed", "vs_best_fixed_lo", "vs_best_fixed_hi",
             "vs_first", "vs_first_lo", "vs_first_hi"]
     return pd.concat(out, ignore_index=True)[cols]
+
+
+def _paired_ratio(x: Optional[pd.Series], y: Optional[pd.Series]) -> tuple[float, float, float]:
+    """Mean of ``x`` over mean of ``y`` (tok/s indexed by prompt) on the prompts both ran, with its paired 95%
+    bootstrap interval; NaN where one is missing."""
+    if x is None or y is None:
+        return float("nan"), float("nan"), float("nan")
+    c = x.index.intersection(y.index)
+    lo, hi = _boot_ratio(x[c].to_numpy(float), y[c].to_numpy(float), N_BOOT, SEED)
+    return (float(x[c].mean() / y[c].mean()) if len(c) else float("nan")), lo, hi
 
 
 def _batches(sweep_dir: str | Path) -> tuple:

@@ -89,7 +89,6 @@ def _check_model(field: str, path: str) -> Optional[dict]:
 
 def _check_proposer_class(field: str, dotted: str) -> None:
     import importlib
-
     import sys
 
     from sdlib.paths import REPO_ROOT
