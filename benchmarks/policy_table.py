@@ -27,10 +27,11 @@ def main() -> int:
     from sdlib.paths import resolve
     from sdlib.sim.policy.arctic import _cache_path, add_suffix_features
     from sdlib.sim.policy.features import add_features
-    from sdlib.sim.oracle import prepare_traces
+    from sdlib.sim.prepared import prepare_traces
     from sdlib.sim.policy.walk import PolicyInputs
-    from sdlib.sim.policy.table import expand_policies, simulate_policies, summarise
-    from sdlib.sim.replay import truncate_traces
+    from sdlib.core.registry import expand_policies
+    from sdlib.sim.policy.table import simulate_policies, summarise
+    from sdlib.sim.prepared import truncate_traces
     from sdlib.sim.policy.cli import REFERENCE_PREDICTOR, cost_model_of
     from sdlib.sim.traces import load_reference_traces
     from sdlib.sim.policy.training import load_predictor

@@ -25,11 +25,14 @@ from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
                       model_validator)
 from pydantic.dataclasses import dataclass
 
-from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
+import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)
+from sdlib.core.registry import METHODS as METHOD_SPECS, RegistryError, engine_label, method_spec, replay_names, replay_ref
 from sdlib.paths import SWEEPS_DIR, repo_relative, resolve
+from sdlib.sim import replay as sim_replay
 
-#: SD methods; ``custom`` = a user proposer class (``model: pkg.module.Class``, vLLM's custom_class)
-METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "custom")
+#: SD methods (:data:`sdlib.core.registry.METHODS`); ``custom`` = a user proposer class (``model:
+#: pkg.module.Class``, vLLM's custom_class)
+METHODS = tuple(METHOD_SPECS)
 #: the paper's datasets, ours (code_edit), and ``custom``: a user's own JSONL file (sdlib.workloads.custom)
 DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit", "custom")
 BATCH_MODES = ("closed_loop", "paper")
@@ -173,37 +176,38 @@ class MethodConfig:
     options: dict[str, Any] = Field(default_factory=dict)
     label: Optional[str] = None  # default: "<name>-k<k>" ("none" for no SD), "<name>-k<k>-<replay>" with replay
     targets: Optional[list[str]] = None  # model names this method applies to (default: all)
-    # trace replay (sdlib.sim.replay.POLICIES): acceptance pinned to the workload's traces; the method's engine
-    # path and k run for real. Methods that differ only in replay share one engine.
+    # trace replay (sdlib.core.registry.replay_names()): acceptance pinned to the workload's traces; the method's
+    # engine path and k run for real. Methods that differ only in replay share one engine.
     replay: Optional[str] = None
     datasets: Optional[list[str]] = None  # workload labels this method runs on (default: all)
     batch_sizes: Optional[list[StrictInt]] = None  # batch sizes this method runs at (default: the sweep's)
 
     @model_validator(mode="after")
     def _check(self) -> "MethodConfig":
+        spec = method_spec(self.name)
         if self.replay is not None:
-            from sdlib.sim.replay import POLICIES, TRACE_OF_METHOD
-
-            if self.replay not in POLICIES:
-                raise ValueError(f"replay: {self.replay!r} is not one of {list(POLICIES)}")
-            if self.name not in TRACE_OF_METHOD:
-                raise ValueError(f"replay: method {self.name!r} cannot replay (one of {sorted(TRACE_OF_METHOD)})")
-            from sdlib.sim.policy.replay_plans import POLICY_METHODS
-
-            if self.replay in POLICY_METHODS and self.name not in POLICY_METHODS[self.replay]:
-                raise ValueError(f"replay: {self.replay!r} replays on {list(POLICY_METHODS[self.replay])}, "
-                                 f"not {self.name!r}")
-        if self.name in ("eagle", "eagle3", "draft_model") and not self.model:
+            if self.replay not in replay_names():
+                raise ValueError(f"replay: {self.replay!r} is not one of {replay_names()}")
+            if spec.trace is None:
+                raise ValueError(f"replay: method {self.name!r} cannot replay "
+                                 f"(one of {[m.name for m in METHOD_SPECS.values() if m.trace]})")
+            try:
+                replay_ref(self.replay, self.name, self.num_spec_tokens)
+            except RegistryError as err:
+                raise ValueError(str(err)) from None
+        if spec.model == "class":
+            if not (self.model and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", self.model)):
+                raise ValueError(f"method {self.name!r} needs 'model': a proposer class as pkg.module.Class "
+                                 "(vLLM custom_class)")
+        elif spec.needs_model and not self.model:
             raise ValueError(f"method {self.name!r} needs 'model' (the draft or head path)")
-        if self.name == "custom" and not (self.model and re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", self.model)):
-            raise ValueError("method 'custom' needs 'model': a proposer class as pkg.module.Class (vLLM custom_class)")
-        if self.name in ("none", "ngram") and self.model:
+        if not spec.takes_model and self.model:
             raise ValueError(f"method {self.name!r} takes no 'model'")
         reserved = {"method", "model", "num_speculative_tokens"} & set(self.options)
         if reserved:
             raise ValueError(f"options may not set {sorted(reserved)}: use name/model/num_spec_tokens")
         if self.label is None:
-            self.label = "none" if self.name == "none" else f"{self.name}-k{self.num_spec_tokens}"
+            self.label = self.engine_label
             if self.replay:
                 self.label += f"-{self.replay}"
         return self
@@ -214,29 +218,32 @@ class MethodConfig:
         return json.dumps(d, sort_keys=True, default=str)
 
     @property
+    def spec(self):
+        """The method's :class:`sdlib.core.registry.MethodSpec`."""
+        return method_spec(self.name)
+
+    @property
     def engine_label(self) -> str:
         """A name for the engine: ``<name>-k<k>`` (``none``)."""
-        return "none" if self.name == "none" else f"{self.name}-k{self.num_spec_tokens}"
+        return engine_label(self.name, self.num_spec_tokens)
 
     @property
     def k(self) -> int:
         """Tokens proposed per step (0 without SD)."""
-        return 0 if self.name == "none" else self.num_spec_tokens
+        return self.num_spec_tokens if self.spec.is_sd else 0
 
     def speculative_config(self) -> Optional[dict[str, Any]]:
         """The dict for ``vllm.LLM(speculative_config=...)``; None without SD."""
-        if self.name == "none":
+        spec = self.spec
+        if not spec.is_sd:
             return None
-        if self.name == "custom":  # vLLM's custom_class: a user proposer class, imported in the engine's worker
-            return {"method": "custom_class", "model": self.model, "num_speculative_tokens": self.num_spec_tokens,
-                    **self.options}
-        cfg: dict[str, Any] = {"method": self.name, "num_speculative_tokens": self.num_spec_tokens}
-        if self.model:
+        cfg: dict[str, Any] = {"method": spec.vllm_method, "num_speculative_tokens": self.num_spec_tokens}
+        if self.model and spec.model == "class":  # vLLM's custom_class: imported in the engine's worker
+            cfg["model"] = self.model
+        elif self.model:
             p = resolve(self.model)
             cfg["model"] = str(p) if p.exists() or self.model.startswith(("@", ".", "/")) else self.model
-        if self.name == "ngram":
-            cfg.setdefault("prompt_lookup_min", NGRAM_MIN)
-            cfg.setdefault("prompt_lookup_max", NGRAM_MAX)  # the paper's settings
+        cfg.update(dict(spec.defaults))  # e.g. the paper's n-gram look-up settings
         cfg.update(self.options)
         return cfg
 
@@ -341,10 +348,8 @@ class Cell:
         engine.pop("startup_timeout_s", None)
         key["engine"] = {k: v for k, v in engine.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
         key["seed"] = self.seed
-        from sdlib.sim.policy.replay_plans import ONLINE_REPLAYS, online_inputs
-
-        if self.method.replay in ONLINE_REPLAYS:  # plans decided by committed files: a refit is a new cell
-            key["replay_inputs"] = {f: _file_fingerprint(str(resolve(f))) for f in online_inputs()}
+        if self.method.replay and sim_replay.needs_engine_files(self.method.replay):  # plans decided by committed files
+            key["replay_inputs"] = {f: _file_fingerprint(str(resolve(f))) for f in sim_replay.online_inputs()}
         return key
 
     @property
@@ -453,7 +458,7 @@ class SweepConfig:
     def cells(self) -> list[Cell]:
         """All cells in run order: grouped by (model, method), baseline first."""
         out = []
-        methods = sorted(self.methods, key=lambda m: m.name != "none")
+        methods = sorted(self.methods, key=lambda m: m.spec.is_sd)
         for model in self.models:
             for method in methods:
                 if method.targets and model.name not in method.targets:

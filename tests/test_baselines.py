@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from sdlib.sim.policy.arctic import suffix_draft, suffix_scores
-from sdlib.sim.policy.baselines import (NgramOrEagle, SGLangAdaptive, SpecDecodeAdaptive, baseline_steps, dynamic_sd_k,
+from sdlib.sim.policy.baselines import (NgramOrEagle, SGLangAdaptive, SpecDecodeAdaptive, dynamic_sd_k,
                                  sglang_recompute, sglang_recompute_many, sglang_slot)
-from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.prepared import prepare_traces
 from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs, walk
 
 
@@ -117,7 +117,9 @@ def test_arctic_rule_uses_suffix_when_score_reaches_k():
     # draft (score >= 3) takes the copy in one step; the new tokens after it have no match: EAGLE's k = 3
     base = [1, 2, 3, 4, 5, 6]
     inp = inputs(base * 4, base * 2 + [7, 8, 9, 10], [1] * 16, [1] * 16)
-    st = baseline_steps("arctic", inp)
+    from sdlib.sim.policy.table import policy_steps_at
+
+    st = policy_steps_at(inp, "arctic", [(None, 1)])[0]
     assert st.drafter[0] == NGRAM and st.gain[0] == 12
     assert (st.drafter == NGRAM).any() and (st.drafter == EAGLE).any()
     used = st.drafter == NGRAM

@@ -34,8 +34,9 @@ def test_bin_counts_lists_every_bin():
 
 def test_sim_labels_reference_first():
     labels = BL.sim_labels(3, [3, 5])
-    assert list(labels.items()) == [(("eagle3", "FIXED_3"), "EAGLE-3 k=3"), (("ngram", "FIXED_3"), "n-gram k=3"),
-                                    (("ngram", "FIXED_5"), "n-gram k=5")]
+    assert [(r.label, lab) for r, lab in labels.items()] == [("fixed-eagle3-k3", "EAGLE-3 k=3"),
+                                                             ("fixed-ngram-k3", "n-gram k=3"),
+                                                             ("fixed-ngram-k5", "n-gram k=5")]
 
 
 def test_binned_by_convention_labels_and_drops_others():
@@ -44,12 +45,12 @@ def test_binned_by_convention_labels_and_drops_others():
     rows = []
     for conv, ng in (("corrected", 2.0), ("authors", 0.5)):
         for rid in ("0", "1"):
-            rows += [{"dataset": "d", "request_id": rid, "proposer": "eagle3", "predict_method": "FIXED_3",
-                      "convention": conv, "sd_tok_per_s": 10.0},
-                     {"dataset": "d", "request_id": rid, "proposer": "ngram", "predict_method": "FIXED_3",
-                      "convention": conv, "sd_tok_per_s": 10.0 * ng},
-                     {"dataset": "d", "request_id": rid, "proposer": "ngram", "predict_method": "FIXED_1",
-                      "convention": conv, "sd_tok_per_s": 99.0}]  # not in the labels: dropped
+            rows += [{"dataset": "d", "request_id": rid, "policy": "fixed-eagle3-k3", "convention": conv,
+                      "sd_tok_per_s": 10.0},
+                     {"dataset": "d", "request_id": rid, "policy": "fixed-ngram-k3", "convention": conv,
+                      "sd_tok_per_s": 10.0 * ng},
+                     {"dataset": "d", "request_id": rid, "policy": "fixed-ngram-k1", "convention": conv,
+                      "sd_tok_per_s": 99.0}]  # not in the labels: dropped
     b = BL.binned_by_convention(pd.DataFrame(rows), bleu, BL.sim_labels(3, [3]), "EAGLE-3 k=3", width=0.2)
     assert set(b.label) == {"n-gram k=3"}
     assert sorted(zip(b.convention, b.bin.astype(str), b.relative_speedup)) == [
@@ -58,9 +59,10 @@ def test_binned_by_convention_labels_and_drops_others():
 
 
 def test_measured_relative_speedup_smallest_batch_and_eagle_reference():
-    rows = [("d", "0", "eagle3-k3", 1, 10.0, 0.1), ("d", "0", "ngram-k3", 1, 15.0, 0.1),
-            ("d", "0", "eagle3-k3", 4, 1.0, 0.1), ("d", "0", "ngram-k3", 4, 100.0, 0.1)]
-    m = pd.DataFrame(rows, columns=["dataset", "request_id", "label", "batch_size", "sd_tok_per_s", "bleu4"])
+    rows = [("d", "0", "eagle3-k3", "eagle3", 1, 10.0, 0.1), ("d", "0", "ngram-k3", "ngram", 1, 15.0, 0.1),
+            ("d", "0", "eagle3-k3", "eagle3", 4, 1.0, 0.1), ("d", "0", "ngram-k3", "ngram", 4, 100.0, 0.1)]
+    m = pd.DataFrame(rows, columns=["dataset", "request_id", "label", "method", "batch_size", "sd_tok_per_s",
+                                    "bleu4"])
     mb, ref, bs = BL.measured_relative_speedup(m)
     assert (ref, bs) == ("eagle3-k3", 1)
     assert mb.relative_speedup.tolist() == pytest.approx([0.5]) and mb.pale.tolist() == [True]

@@ -12,6 +12,7 @@ from sdlib.plots import bounds as BP
 from sdlib.sim import bounds as BND
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel, find_cost_models, load_cost_models
 from sdlib.sim.oracle import simulate
+from tests.sim_reference import ref_of, refs
 
 # T(kv, n) = 1 + 0.1*n, EAGLE drafting 0.5 s, n-gram drafting 0.1*T (as in test_oracle)
 CM = CostModel(name="toy", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0, eagle_n_s=0.0,
@@ -27,9 +28,15 @@ def one_request():
 
 
 def sim_table(speedups: dict, cost_model: str = "toy", convention: str = "corrected") -> pd.DataFrame:
-    """A speedup table from {(dataset, proposer, predict_method, batch_size): speedup}."""
-    return pd.DataFrame([{"dataset": d, "proposer": p, "predict_method": m, "batch_size": b, "convention": convention,
-                          "cost_model": cost_model, "speedup": s} for (d, p, m, b), s in speedups.items()])
+    """A speedup table from {(dataset, proposer, predict_method, batch_size): speedup}, with the simulator's
+    ``kind`` and ``k`` of each (proposer, predict method)."""
+    rows = []
+    for (d, p, m, b), s in speedups.items():
+        ref = ref_of(p, m)
+        rows.append({"dataset": d, "proposer": p, "predict_method": m, "batch_size": b, "convention": convention,
+                     "cost_model": cost_model, "speedup": s, "kind": ref.name,
+                     "k": float("nan") if ref.k is None else float(ref.k)})
+    return pd.DataFrame(rows)
 
 
 # one dataset, bs 1: best fixed = ngram k=3 (1.5), best ORACLE = eagle3 (1.8), Combine 2.1
@@ -86,10 +93,9 @@ def test_crossover_by_cost_model_simulates_each_model():
     slow = CostModel(name="slow_draft", target_kv_s=0.0, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.0,
                      eagle_n_s=0.0, eagle_fixed_s=5.0, ngram_frac=0.1, overhead_s=0.0)
     c = BND.crossover_by_cost_model(one_request(), [CM, slow], "corrected", batch_sizes=(1, 2),
-                                    proposers=("eagle3",), predict_method="FIXED_1")
+                                    proposers=("eagle3",), k=1)
     assert list(c.cost_model) == ["slow_draft", "toy"]
-    direct = simulate(one_request(), cost_models=[CM], batch_sizes=[1], proposers=["eagle3"],
-                      predict_methods=["FIXED_1"], conventions=["corrected"])
+    direct = simulate(one_request(), cost_models=[CM], batch_sizes=[1], policies=refs(["eagle3"], ["FIXED_1"]), conventions=["corrected"])
     assert c.set_index("cost_model").loc["toy", "speedup_bs1"] == pytest.approx(direct.speedup.item())
     # EAGLE drafting at 5 s a step never pays: below both thresholds from bs 1
     assert c.set_index("cost_model").loc["slow_draft", ["first_bs_below_1.2", "first_bs_below_1"]].tolist() == [1, 1]
@@ -120,8 +126,7 @@ def test_convention_ablation_table_columns_in_ablation_order():
     convs = list(BND.convention_ablation("authors", "corrected"))
     assert list(w.columns) == ["dataset", "proposer", "predict_method", "batch_size"] + convs
     assert list(w.predict_method) == ["FIXED_5", "ORACLE"]
-    direct = simulate(one_request(), cost_models=[CM], batch_sizes=[1], proposers=["eagle3"],
-                      predict_methods=["ORACLE"], conventions=["corrected"])
+    direct = simulate(one_request(), cost_models=[CM], batch_sizes=[1], policies=refs(["eagle3"], ["ORACLE"]), conventions=["corrected"])
     assert w.set_index("predict_method").loc["ORACLE", "corrected"] == pytest.approx(direct.speedup.item())
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from sdlib.paths import resolve
-from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.prepared import prepare_traces
 from sdlib.sim.policy.walk import PolicyInputs, position_steps, walk
-from sdlib.sim.replay import truncate_traces
+from sdlib.sim.prepared import truncate_traces
 
 TRACE = "data/traces/embedded_sharegpt.jsonl.gz"
 CONF = "data/traces/confidences/embedded_sharegpt.jsonl.gz"
@@ -108,7 +108,7 @@ def test_perfect_confidences_walk_oracle_proposals_steps(inp):
     attach_confidences(inp, _perfect(inp))
     try:
         st = walk(inp, ConfidencePolicy([cm, cm], [1, 128], inp, variant=RAW), n_configs=2)
-        orc = position_steps(inp, "oracle-eagle3")
+        orc = position_steps(inp, "oracle", "eagle3")
         for s in st:
             a = np.lexsort((s.pos, s.req))
             b = np.lexsort((orc.pos, orc.req))

@@ -5,11 +5,13 @@ import random
 import numpy as np
 import pytest
 
-from sdlib.sim import oracle
+from sdlib.sim import oracle, prepared
 from sdlib.extract.ngram import ngram_lookup_lengths
 from sdlib.sim.closed_form import (alpha_from_acc_len, alpha_from_mean_acceptance, alpha_from_per_position,
                                    expected_tokens_per_step, leviathan_speedup)
-from sdlib.sim.oracle import Convention, prepare_traces, simulate, simulate_requests
+from sdlib.sim.oracle import Convention, simulate, simulate_requests
+from sdlib.sim.prepared import prepare_traces
+from tests.sim_reference import refs
 from tests.conftest import toy_cost_model, toy_traces
 
 CM = toy_cost_model()
@@ -30,13 +32,13 @@ def test_fixed1_vs_oracle_by_hand():
     # ORACLE : c=1 a=3 -> n=3 (T 1.3 + 0.5), c=4 a=2 -> n=2 (1.2 + 0.5), c=6 stop: 1.2 + 1.8 + 1.7 = 4.7
     # FIXED_1: c=1 a=3 gain 2, c=3 a=1 gain 1, c=4 a=2 gain 2: 3 steps of (1.2 + 0.5): 1.2 + 5.1 = 6.3
     # no SD  : 5 steps of T(1) = 1.1: 1.2 + 5.5 = 6.7
-    d = times(ONE, proposers=["eagle3"], predict_methods=["ORACLE", "FIXED_1"], conventions=["corrected"])
+    d = times(ONE, policies=refs(["eagle3"], ["ORACLE", "FIXED_1"]), conventions=["corrected"])
     d = d.set_index("predict_method")
     assert d.loc["ORACLE", "sd_time_s"] == pytest.approx(4.7)
     assert d.loc["FIXED_1", "sd_time_s"] == pytest.approx(6.3)
     assert d.loc["ORACLE", "base_time_s"] == pytest.approx(6.7)
     assert list(d.num_steps) == [2, 3]
-    t = simulate(ONE, cost_models=[CM], batch_sizes=[1], proposers=["eagle3"], predict_methods=["ORACLE"],
+    t = simulate(ONE, cost_models=[CM], batch_sizes=[1], policies=refs(["eagle3"], ["ORACLE"]),
                  conventions=["corrected"])
     assert t.speedup.item() == pytest.approx(6.7 / 4.7)
     assert list(t.columns[:7]) == oracle.TABLE_COLUMNS
@@ -44,13 +46,13 @@ def test_fixed1_vs_oracle_by_hand():
 
 def test_batch_of_copies_and_kv_term():
     # bs 2: T(0, 4) = 1.4 prefill; ORACLE steps n = 2*3, 2*2: (1.6 + 0.5) + (1.4 + 0.5); no SD: 5 * T(2) = 6.0
-    d = times(ONE, bs=2, proposers=["eagle3"], predict_methods=["ORACLE"], conventions=["corrected"]).iloc[0]
+    d = times(ONE, bs=2, policies=refs(["eagle3"], ["ORACLE"]), conventions=["corrected"]).iloc[0]
     assert d.sd_time_s == pytest.approx(1.4 + 2.1 + 1.9)
     assert d.base_time_s == pytest.approx(1.4 + 6.0)
     assert d.sd_tok_per_s == pytest.approx(2 * 6 / 5.4)
     # KV term 0.01 s/token, bs 1: steps at kv = P + c = 3 and 6 -> + 0.09 s
     cm = CM.replace(target_kv_s=0.01)
-    d = times(ONE, cm=cm, proposers=["eagle3"], predict_methods=["ORACLE"], conventions=["corrected"]).iloc[0]
+    d = times(ONE, cm=cm, policies=refs(["eagle3"], ["ORACLE"]), conventions=["corrected"]).iloc[0]
     assert d.sd_time_s == pytest.approx(4.7 + 0.09)
     # no SD: steps at c = 1..5 -> kv 3..7 -> + 0.25 s
     assert d.base_time_s == pytest.approx(6.7 + 0.25)
@@ -59,7 +61,7 @@ def test_batch_of_copies_and_kv_term():
 def test_authors_index_shift_visible():
     # authors read acc[c-1]: c=1 reads the prefill entry acc[0] = 1 -> n=1, gain 1; c=2 reads acc[1] = 3 -> c=5;
     # c=5 reads acc[4] = 2 -> c=7 stop. Steps (1.1+.5) + (1.3+.5) + (1.2+.5) = 5.1, + prefill 1.2 = 6.3
-    d = times(ONE, proposers=["eagle3"], predict_methods=["ORACLE"], conventions=["authors", "corrected"])
+    d = times(ONE, policies=refs(["eagle3"], ["ORACLE"]), conventions=["authors", "corrected"])
     d = d.set_index("convention")
     assert d.loc["authors", "sd_time_s"] == pytest.approx(6.3)
     assert d.loc["corrected", "sd_time_s"] == pytest.approx(4.7)
@@ -77,7 +79,7 @@ TWO = traces([
 
 def test_oracle_combine_step_by_step():
     cm = CM.replace(overhead_s=0.05)
-    d = times(TWO, cm=cm, proposers=["combined"], predict_methods=["ORACLE"], conventions=["authors", "corrected"])
+    d = times(TWO, cm=cm, policies=refs(["combined"], ["ORACLE"]), conventions=["authors", "corrected"])
     d = d.set_index(["convention", "request_id"])
     # corrected: max(ng, eg) = A [1,2,1,3,2,1]: c=1 a=2 (EAGLE) -> c=3 a=3 (n-gram) -> c=6 stop: n = 2, 3
     #   both drafters charged: step = T + 0.5 + 0.1 T + 0.05 = 1.1 T + 0.55 -> 1.87 + 1.98; prefill 1.3 + 0.05
@@ -97,7 +99,7 @@ def test_oracle_combine_step_by_step():
     assert d.loc[("corrected", "B"), "base_time_s"] == pytest.approx(1.25 + 4 * 1.15)
     assert d.loc[("authors", "B"), "base_time_s"] == pytest.approx(1.25 + 2 * 1.15)
     # speedup = ratio of mean throughputs over the two requests
-    t = simulate(TWO, cost_models=[cm], batch_sizes=[1], proposers=["combined"], predict_methods=["ORACLE"],
+    t = simulate(TWO, cost_models=[cm], batch_sizes=[1], policies=refs(["combined"], ["ORACLE"]),
                  conventions=["corrected"])
     sd = np.mean([6 / 5.2, 5 / 6.64])
     base = np.mean([6 / 7.1, 5 / 5.85])
@@ -105,7 +107,7 @@ def test_oracle_combine_step_by_step():
     # winner pricing: A's steps: EAGLE wins at c=1 (1.2 + .5 + .05), n-gram at c=3 (1.3*1.1 + .05)
     win = Convention("w", index_shift=False, combine_draft="winner", combine_length="output", ngram_match="tokens",
                      ngram_idle_draft=True)
-    d = times(TWO, cm=cm, proposers=["combined"], predict_methods=["ORACLE"], conventions=[win])
+    d = times(TWO, cm=cm, policies=refs(["combined"], ["ORACLE"]), conventions=[win])
     assert d.set_index("request_id").loc["A", "sd_time_s"] == pytest.approx(1.35 + 1.75 + 1.48)
 
 
@@ -122,7 +124,7 @@ NG = traces([("instructcoder", "n", [1, 2, 3, 4, 5], [9, 1, 2, 3, 4, 5], [1, 1, 
 
 
 def test_ngram_fixed_match_rules():
-    d = times(NG, proposers=["ngram"], predict_methods=["FIXED_3"], conventions=["authors", "corrected"])
+    d = times(NG, policies=refs(["ngram"], ["FIXED_3"]), conventions=["authors", "corrected"])
     d = d.set_index("convention")
     # corrected: look-up on tokens: c=1,2,3 no match -> propose 0 (n=1, lookup still charged 0.1 T = 1.21 each);
     # c=4 match, a=3 -> n=4 (1.4*1.1 = 1.54), gain 3 -> c=7 stop. Prefill T(0,5) = 1.5
@@ -134,7 +136,7 @@ def test_ngram_fixed_match_rules():
 
 def test_oracle_ngram_idle_draft():
     # ORACLE n-gram, corrected: c=1..3 a=1 -> n=1 (charged 1.21), c=4 a=3 -> n=3 (1.3*1.1 = 1.43) -> c=7 stop
-    d = times(NG, proposers=["ngram"], predict_methods=["ORACLE"], conventions=["corrected", "authors"])
+    d = times(NG, policies=refs(["ngram"], ["ORACLE"]), conventions=["corrected", "authors"])
     d = d.set_index("convention")
     assert d.loc["corrected", "sd_time_s"] == pytest.approx(1.5 + 3 * 1.21 + 1.43)
     # authors: c=1..4 read acc[0..3] = 1 -> n=1, free drafting (1.1 each); c=5 reads acc[4]=3 -> n=3 (1.43)
@@ -144,14 +146,22 @@ def test_oracle_ngram_idle_draft():
 def test_authors_sample_indices():
     random.seed(42)
     expect = random.sample(list(range(500)), 300)
-    assert oracle.authors_sample_indices(500) == expect
-    assert oracle.authors_sample_indices(300) == list(range(300))
+    assert prepared.authors_sample_indices(500) == expect
+    assert prepared.authors_sample_indices(300) == list(range(300))
 
 
-def test_parse_predict_method():
-    assert oracle.parse_predict_method("FIXED_7") == 7 and oracle.parse_predict_method("ORACLE") is None
+def test_authors_names_are_written_from_the_instance():
+    from sdlib.core.registry import PolicyRef
+
+    assert oracle.authors_names(PolicyRef("fixed", "ngram", 7)) == ("ngram", "FIXED_7")
+    assert oracle.authors_names(PolicyRef("oracle", "eagle3")) == ("eagle3", "ORACLE")
+    assert oracle.authors_names(PolicyRef("combine"), cap=10) == ("combined", "ORACLE_10")
+    assert [r.label for r in oracle.authors_policies(["eagle3", "combined"], [1])] == \
+        ["fixed-eagle3-k1", "oracle-eagle3", "combine-k1", "combine"]
     with pytest.raises(ValueError):
-        oracle.parse_predict_method("FIXED_0")
+        oracle.authors_policies(["medusa"])
+    with pytest.raises(ValueError):
+        oracle.authors_names(PolicyRef("online"))
 
 
 def test_leviathan_closed_form():
@@ -201,8 +211,7 @@ def test_matches_authors_code_on_reference_traces():
     from sdlib.sim.traces import load_reference_traces
 
     prep = prepare_traces(load_reference_traces(["instructcoder"]), ngram_lookup=False)
-    t = simulate(prep, batch_sizes=[1, 8, 128], proposers=["eagle3", "ngram", "combined"],
-                 predict_methods=["FIXED_1", "FIXED_3", "FIXED_5", "ORACLE"], conventions=["authors"],
+    t = simulate(prep, batch_sizes=[1, 8, 128], policies=refs(["eagle3", "ngram", "combined"], ["FIXED_1", "FIXED_3", "FIXED_5", "ORACLE"]), conventions=["authors"],
                  sample="authors").set_index(["proposer", "predict_method", "batch_size"])
     assert set(t.num_requests) == {300}
     for prop, pm, bs, theirs, rel in AUTHORS_CODE_INSTRUCTCODER:

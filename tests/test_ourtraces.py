@@ -20,7 +20,7 @@ import pytest
 
 from sdlib.extract.ngram import (ngram_acc_len, ngram_lookup_lengths, ngram_propose, ngram_replay, ngram_trace)
 from sdlib.run.traces import Greedy, greedy_from_sweep, model_acc_lens, position_prompts
-from sdlib.sim.oracle import prepare_traces
+from sdlib.sim.prepared import prepare_traces
 from sdlib.sim.traces import (TRACE_KEYS, load_our_traces, mean_acc_len, read_trace_file, read_traces,
                               write_traces)
 

@@ -7,14 +7,16 @@ import pytest
 
 from sdlib.sim.engine_costs import EngineCostModel
 from sdlib.sim.policy.features import ngram_match_features, share_so_far
-from sdlib.sim.oracle import prepare_traces, step_records
+from sdlib.sim.prepared import prepare_traces
 from sdlib.sim.policy.online import OnlinePolicy
-from sdlib.sim.policy.walk import (EAGLE, NGRAM, NONE, Policy, PolicyInputs, from_step_records, no_sd_times,
+from sdlib.sim.policy.walk import (EAGLE, NGRAM, NONE, Policy, PolicyInputs, no_sd_times, position_steps,
                                   request_times, step_seconds, walk)
-from sdlib.sim.policy.table import expand_policies, simulate_policies, summarise
+from sdlib.core.registry import expand_policies
+from sdlib.sim.policy.table import simulate_policies, summarise
 from sdlib.sim.policy.predictor import DEPTH, FEATURES, HazardModel, fit_hazard, hazard_rows
 from sdlib.sim.policy.training import fold_of
 from tests.conftest import toy_cost_model, toy_traces
+from tests.sim_reference import reference_steps, reference_times, steps_as_tuples
 
 CM = toy_cost_model()
 long_form = toy_traces
@@ -40,15 +42,16 @@ class FixedEagle(Policy):
         return np.full(n, EAGLE, np.int8), np.full(n, self.k), np.full(n, self.k), 1.0, 0.0
 
 
-def test_walk_equals_step_records_and_hand_steps():
+def test_walk_equals_position_steps_and_hand_steps():
     prep = prep_one()
     inp = PolicyInputs.of(prep)
     assert inp.avail.tolist() == [0, 0, 0, 4, 4, 0]
     st = walk(inp, FixedEagle(2))[0]
     # k = 2 from p = 1: acc 3 -> gain 3 (p = 4); acc 2 -> gain 2 (p = 6, done)
     assert st.pos.tolist() == [1, 4] and st.gain.tolist() == [3, 2] and st.n_i.tolist() == [3, 3]
-    ref = from_step_records(step_records(prep, "eagle3", "FIXED_2", "corrected"), "padded", 2, "eagle3")
+    ref = position_steps(inp, "fixed", "eagle3", 2)
     assert ref.pos.tolist() == st.pos.tolist() and ref.gain.tolist() == st.gain.tolist()
+    assert steps_as_tuples(ref) == reference_steps(prep, "eagle3", 2)
     # price, bs 1: each step T = 1 + 0.1*3 = 1.3, + EAGLE 0.5 = 1.8; prefill T(0, 4) = 1.4
     np.testing.assert_allclose(request_times(inp, st, CM, 1), [1.4 + 2 * 1.8])
     np.testing.assert_allclose(request_times(inp, ref, CM, 1), [1.4 + 2 * 1.8])
@@ -155,6 +158,7 @@ def test_gap_share_by_hand():
     for pol, sd in (("fixed-eagle3-k1", [2, 2]), ("combine", [4, 4]), ("online", [3, 3])):
         for r, s in enumerate(sd):
             rows.append({"cost_model": "toy", "dataset": "d", "batch_size": 1, "request_id": str(r), "policy": pol,
+                         "family": {"fixed-eagle3-k1": "fixed", "combine": "combine", "online": "online"}[pol],
                          "sd_tok_per_s": float(s), "base_tok_per_s": 1.0, "num_steps": 2.0, "gained": 6.0,
                          "drafted": 4.0})
     table, gaps = summarise(pd.DataFrame(rows), n_boot=50)
@@ -166,7 +170,7 @@ def test_gap_share_by_hand():
 
 
 def test_expand_policies_and_folds():
-    names = expand_policies(["fixed", "combine", "ngram-eagle"], kmax=3)
+    names = [r.label for r in expand_policies(["fixed", "combine", "ngram-eagle"], kmax=3)]
     assert names[:3] == ["fixed-eagle3-k1", "fixed-eagle3-k2", "fixed-eagle3-k3"] and names[-2:] == ["combine",
                                                                                                    "ngram-eagle"]
     with pytest.raises(ValueError):
@@ -183,31 +187,42 @@ def test_simulate_policies_small_table():
     assert r.sd_time_s == pytest.approx(5.0) and r.base_time_s == pytest.approx(6.9)
 
 
-def test_position_steps_equal_step_records():
-    """The fast grid walks of fixed k, Oracle Proposal and Combine are the simulator's own step sequences."""
-    from sdlib.sim.policy.walk import position_steps
-
-    rng = np.random.default_rng(2)
-    rows = []
-    for r in range(6):
-        P, O = rng.integers(0, 4, 12).tolist(), rng.integers(0, 4, 30).tolist()
-        rows.append(("toy", str(r), P, O, None, [1] + rng.integers(1, 7, 29).tolist()))
+def random_prep(n: int = 6, seed: int = 2):
+    rng = np.random.default_rng(seed)
     from sdlib.extract.ngram import ngram_acc_len
 
-    rows = [(d, r, P, O, ngram_acc_len(P, O, k=20), eg) for d, r, P, O, _, eg in rows]
-    prep = prepare_traces(long_form(rows), keep_tokens=True)
+    rows = []
+    for r in range(n):
+        P, O = rng.integers(0, 4, 12).tolist(), rng.integers(0, 4, 30).tolist()
+        eg = [1] + rng.integers(1, 7, int(rng.integers(20, 30))).tolist()  # lists of other lengths than the output
+        rows.append((["toy", "gsm8k"][r % 2], str(r), P, O, ngram_acc_len(P, O, k=20)[:int(rng.integers(22, 31))], eg))
+    return prepare_traces(long_form(rows), keep_tokens=True)
+
+
+@pytest.mark.parametrize("convention", ["corrected", "authors", "ablations"])
+def test_position_steps_equal_the_loop_reference(convention):
+    """The one vectorised walk of fixed k, Oracle Proposal and Combine is, step for step and weight for weight,
+    the simulator's rule written as a loop per request (tests/sim_reference.py), under each convention and
+    each of the authors' quirks alone; its prices equal the step-by-step sum."""
+    from sdlib.sim import bounds
+    from sdlib.sim.conventions import get_convention
+
+    prep = random_prep()
     inp = PolicyInputs.of(prep)
-    cases = [("fixed-eagle3", 3, "eagle3", "FIXED_3"), ("fixed-ngram", 2, "ngram", "FIXED_2"),
-             ("oracle-eagle3", None, "eagle3", "ORACLE"), ("oracle-ngram", None, "ngram", "ORACLE"),
-             ("combine", None, "combined", "ORACLE")]
-    for name, k, prop, pm in cases:
-        st = position_steps(inp, name, k)
-        rec = step_records(prep, prop, pm, "corrected")
-        o = np.lexsort((rec.pos, rec.req))
-        assert st.req.tolist() == rec.req[o].tolist() and st.pos.tolist() == rec.pos[o].tolist()
-        assert st.n_i.tolist() == rec.n_i[o].tolist() and st.gain.tolist() == rec.gain[o].tolist()
-        np.testing.assert_allclose(request_times(inp, st, CM, 4),
-                                   request_times(inp, from_step_records(rec, st.path, k, prop), CM, 4))
+    convs = list(bounds.convention_ablation("authors", "corrected").values()) if convention == "ablations" \
+        else [get_convention(convention)]
+    cases = [("fixed", "eagle3", 3, "eagle3"), ("fixed", "ngram", 2, "ngram"), ("oracle", "eagle3", None, "eagle3"),
+             ("oracle", "ngram", None, "ngram"), ("combine", None, None, "combined"), ("combine", None, 3, "combined")]
+    for conv in convs:
+        for kind, drafter, k, prop in cases:
+            st = position_steps(inp, kind, drafter, k, convention=conv)
+            ref = reference_steps(prep, prop, k, conv)
+            assert steps_as_tuples(st) == sorted(ref, key=lambda x: (x[0], x[1], -x[4] if x[2] > 1 else 2)), \
+                (conv.name, kind, drafter, k)
+            np.testing.assert_allclose(request_times(inp, st, CM, 4), reference_times(prep, ref, CM, 4))
+    # capped at an engine's K (the replay): the oracles propose at most K
+    st = position_steps(inp, "oracle", "eagle3", cap=2)
+    assert steps_as_tuples(st) == reference_steps(prep, "eagle3", None, "corrected", cap=2)
 
 
 def test_deployment_pool_counts_each_dataset_and_configuration_apart():

@@ -12,8 +12,9 @@ import pytest
 
 from sdlib.config import ConfigError, parse_sweep
 from sdlib.run.replay import ReplayOffPlan, check_cell, drafted_per_step, raise_if_off_plan
-from sdlib.sim.oracle import prepare_traces
-from sdlib.sim.replay import replay_plans, truncate_traces
+from sdlib.sim.prepared import prepare_traces
+from sdlib.sim.replay import replay_plans
+from sdlib.sim.prepared import truncate_traces
 from sdlib.vllm.replay import drafts, plan_key
 
 # one request: prompt 1..6, output of 10 tokens; acc_len[p] = tokens a step at p would gain

@@ -9,8 +9,9 @@ import pytest
 
 from sdlib.analysis.replay import (batch_throughput, calibration_table, harness_hiccups, measured_stack, method_info,
                                    paired_speedups, sim_vs_measured, simulator_labels)
-from sdlib.sim.oracle import prepare_traces
-from sdlib.sim.replay import replay_plans, truncate_traces
+from sdlib.sim.prepared import prepare_traces
+from sdlib.sim.replay import replay_plans
+from sdlib.sim.prepared import truncate_traces
 from sdlib.sim.replay_costs import StepFit, fit_engine_steps, refit_speedups
 
 PROV = {"config": {"methods": [

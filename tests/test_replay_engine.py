@@ -17,8 +17,9 @@ from sdlib.config import parse_sweep
 from sdlib.extract.ngram import ngram_trace
 from sdlib.paths import MODELS_DIR
 from sdlib.run.sweep import run_sweep
-from sdlib.sim.oracle import prepare_traces
-from sdlib.sim.replay import replay_plans, truncate_traces
+from sdlib.sim.prepared import prepare_traces
+from sdlib.sim.replay import replay_plans
+from sdlib.sim.prepared import truncate_traces
 from sdlib.sim.traces import read_traces, write_traces
 
 pytestmark = pytest.mark.engine

@@ -1,14 +1,21 @@
-"""Replay plans of the per-step policies (sdlib.sim.policy.replay_plans): consistent with the engine hooks'
-contract on hand-made traces, and made for every replay cell of configs/h200_online.yaml without an engine."""
+"""Replay plans of every replayable policy (sdlib.sim.replay, through the registry): consistent with the engine
+hooks' contract on hand-made traces, and made for every replay cell of configs/h200_online.yaml without an
+engine."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from sdlib.config import ConfigError, load_sweep, parse_sweep
-from sdlib.sim.oracle import prepare_traces
-from sdlib.sim.replay import STEP_POLICIES, replay_plans, truncate_traces
-from sdlib.sim.policy.replay_plans import POLICY_METHODS
+from sdlib.sim.prepared import prepare_traces
+import sdlib.sim.policy  # noqa: F401  (registers the policies)
+from sdlib.core.registry import policy_spec, replay_names, replay_ref
+from sdlib.sim.prepared import truncate_traces
+from sdlib.sim.replay import replay_plans, replay_steps
+
+
+def policy_steps(prep, method, policy, K, batch_size=1):
+    return replay_steps(prep, replay_ref(policy, method, K), K, batch_size, method)
 
 
 def _prep():
@@ -25,11 +32,11 @@ def _prep():
     return truncate_traces(prepare_traces(pd.DataFrame(rows), keep_tokens=True), 20)
 
 
-@pytest.mark.parametrize("policy", [p for p in STEP_POLICIES if not p.startswith("online")])
+@pytest.mark.parametrize("policy", [p for p in replay_names() if "predictor" not in policy_spec(p).needs])
 @pytest.mark.parametrize("K", [2, 5])
 def test_plans_follow_the_engine_contract(policy, K):
     prep = _prep()
-    for method in POLICY_METHODS[policy]:
+    for method in policy_spec(policy).replays_on:
         for B in (1, 8, 128):
             for plan, L in zip(replay_plans(prep, method, policy, K, batch_size=B), prep.output_len):
                 assert (plan.proposed <= K).all() and (plan.accepted <= plan.proposed).all()
@@ -69,7 +76,6 @@ def test_every_cell_of_the_online_config_gets_plans():
 def test_online_at_k_drafts_k_every_step_and_only_chooses_the_drafter():
     """Priced as vLLM 0.26's EAGLE-3 path charges (K every step), drafting less never pays: every EAGLE-3 step
     drafts K, an n-gram step as far as its continuation reaches (up to K), and no step drafts nothing."""
-    from sdlib.sim.policy.replay_plans import policy_steps
     from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs
     from sdlib.sim.traces import load_reference_traces
 
@@ -92,7 +98,6 @@ def test_online_ngram_replays_the_ngram_alone_on_the_ngram_path():
     look-up's continuation nor K; it replays on the n-gram path only, and the ragged FULL-graph config's cells
     get plans as the worker makes them."""
     from sdlib.run.replay import cell_plans
-    from sdlib.sim.policy.replay_plans import policy_steps
     from sdlib.sim.policy.walk import EAGLE, PolicyInputs
     from sdlib.sim.traces import load_reference_traces
     from sdlib.workloads import load_prompts, load_trace_table
@@ -120,15 +125,16 @@ def test_online_ngram_replays_the_ngram_alone_on_the_ngram_path():
 
 def test_a_refitted_predictor_gives_the_online_replay_cells_new_run_ids(tmp_path, monkeypatch):
     """The online plans are decided from committed files: a refit must not leave old cells looking done."""
-    from sdlib.sim.policy import replay_plans
+    from sdlib.core.registry import policies_needing
+    from sdlib.sim import replay as sim_replay
 
     sweep = load_sweep("configs/h200_online.yaml")
     before = {c.coordinates: c.run_id for c in sweep.cells()}
     pred = tmp_path / "predictor.json"
     pred.write_text('{"refit": 1}')
-    monkeypatch.setattr(replay_plans, "online_inputs", lambda: [str(pred), "data/costmodels/h200_replay_engine.json"])
+    monkeypatch.setattr(sim_replay, "online_inputs", lambda: [str(pred), "data/costmodels/h200_replay_engine.json"])
     after = {c.coordinates: c.run_id for c in sweep.cells()}
     changed = {co[1] for co in before if before[co] != after[co]}
-    assert changed == {c.method.label for c in sweep.cells() if c.method.replay in replay_plans.ONLINE_REPLAYS}
+    assert changed == {c.method.label for c in sweep.cells() if c.method.replay in policies_needing("engine_files")}
     pred.write_text('{"refit": 22}')  # another size: the digest cache keys on (mtime, size)
     assert {c.coordinates: c.run_id for c in sweep.cells()} != after

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
+from sdlib.core.registry import PolicyRef
+
 WEIGHTS = (0.25, 0.25, 0.25, 0.25)
 SMOOTHING = "method1"
 #: Llama-3 special token ids start here (<|begin_of_text|> = 128000)
@@ -167,30 +169,30 @@ def bin_counts(bleu: pd.DataFrame, width: float = 0.2) -> pd.DataFrame:
     return b.groupby(["dataset", "bin"], observed=False).size().rename("num_requests").reset_index()
 
 
-def sim_labels(eagle_k: int, ngram_ks: Sequence[int]) -> dict[tuple[str, str], str]:
-    """Legend label per simulated (proposer, predict method): EAGLE-3 with ``eagle_k`` first (the
-    reference), then n-gram with each of ``ngram_ks``."""
-    return {("eagle3", f"FIXED_{eagle_k}"): f"EAGLE-3 k={eagle_k}",
-            **{("ngram", f"FIXED_{k}"): f"n-gram k={k}" for k in ngram_ks}}
+def sim_labels(eagle_k: int, ngram_ks: Sequence[int]) -> dict[PolicyRef, str]:
+    """Legend label per simulated policy (fixed k): EAGLE-3 with ``eagle_k`` first (the reference), then
+    n-gram with each of ``ngram_ks``."""
+    return {PolicyRef("fixed", "eagle3", int(eagle_k)): f"EAGLE-3 k={eagle_k}",
+            **{PolicyRef("fixed", "ngram", int(k)): f"n-gram k={k}" for k in ngram_ks}}
 
 
-def binned_by_convention(per_request: pd.DataFrame, bleu: pd.DataFrame, labels: dict[tuple[str, str], str],
+def binned_by_convention(per_request: pd.DataFrame, bleu: pd.DataFrame, labels: dict[PolicyRef, str],
                          reference_label: str, width: float = 0.2) -> pd.DataFrame:
     """:func:`binned_relative_speedup` of simulated requests, per convention.
 
-    ``per_request``: :func:`sdlib.sim.oracle.simulate_requests` rows; each (proposer, predict
-    method) in ``labels`` gets its label, the others are dropped. Adds a ``convention`` column.
+    ``per_request``: :func:`sdlib.sim.oracle.simulate_requests` rows; each policy in ``labels`` gets its
+    label, the others are dropped. Adds a ``convention`` column.
     """
     per = per_request.copy()
-    per["label"] = [labels.get(k) for k in zip(per.proposer, per.predict_method)]
+    per["label"] = per["policy"].map({ref.label: lab for ref, lab in labels.items()})
     per = per[per.label.notna()]
     return pd.concat([binned_relative_speedup(g, bleu, reference_label, width=width).assign(convention=c)
                       for c, g in per.groupby("convention")], ignore_index=True)
 
 
 def _method_of(m: pd.DataFrame) -> pd.Series:
-    """The SD method of each measured row: its ``method`` column, else the label's first part (``ngram-k3``)."""
-    return m["method"].astype(str) if "method" in m.columns else m["label"].astype(str).str.split("-").str[0]
+    """The SD method of each measured row (its ``method`` column; never read back from the label)."""
+    return m["method"].astype(str)
 
 
 def measured_relative_speedup(measured: pd.DataFrame, width: float = 0.2, bleu_col: str = "bleu4",

@@ -36,12 +36,12 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from sdlib.core.registry import METHODS, method_spec
 from sdlib.paths import TRAINED_MODELS_DIR, resolve
 from sdlib.models.shapes import SHAPES, kv_bytes_per_token, param_count
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "int8": 1}
-HEAD_METHODS = ("eagle", "eagle3")
 
 
 def dtype_bytes(dtype: Optional[str], cfg: Optional[dict] = None, default: int = 2) -> int:
@@ -108,9 +108,9 @@ def head_param_count(cfg: dict, kind: str = "eagle", share_embeddings: bool = Tr
 
 
 def head_kind(method: str, cfg: Optional[dict] = None) -> Optional[str]:
-    """``eagle`` / ``eagle3`` for an EAGLE method (from the method name, else the architecture)."""
-    if method in HEAD_METHODS:
-        return method
+    """``eagle`` / ``eagle3`` for an EAGLE method (from the method's registry entry, else the architecture)."""
+    if method in METHODS and METHODS[method].head_kind:
+        return METHODS[method].head_kind
     archs = " ".join((cfg or {}).get("architectures") or [])
     if "Eagle3" in archs:
         return "eagle3"
@@ -170,14 +170,15 @@ def method_memory(s: Setup) -> dict[str, Any]:
     tw, tsrc = weight_bytes(s.target_cfg, "target", wb, s.target_dir)
     kv_t = kv_bytes_per_token(s.target_cfg, kvb)
     static, src, kv_d = 0, "none", 0
-    if s.method in ("draft_model",) + HEAD_METHODS:
+    spec = method_spec(s.method)
+    if spec.model_drafter:
         if s.draft_cfg is None:
             static, src, kv_d = np.nan, "unknown", np.nan
         else:
             role = head_kind(s.method, s.draft_cfg) or "draft_model"
             static, src = weight_bytes(s.draft_cfg, role, wb, s.draft_dir, s.share_embeddings)
             kv_d = kv_bytes_per_token(s.draft_cfg, kvb)
-    elif s.method not in ("none", "ngram"):
+    elif spec.takes_model:  # a drafter whose size the config does not say (MTP layers, a user's class)
         static, src, kv_d = np.nan, "unknown", np.nan
     kv = kv_t + kv_d
     return {

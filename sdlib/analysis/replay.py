@@ -20,6 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdlib.config import parse_sweep
+from sdlib.core.registry import engine_label, method_spec, replay_ref
+from sdlib.sim.bounds import bounds_stack
+from sdlib.sim.oracle import authors_names
+from sdlib.sim.prepared import prepare_traces, truncate_traces
+from sdlib.workloads import load_prompts, load_trace_table
+
 #: the no-SD method label every speedup is relative to
 BASELINE = "none"
 #: bootstrap resamples and seed for every interval here
@@ -28,15 +35,30 @@ N_BOOT, SEED = 2000, 0
 
 def method_info(provenance: dict[str, Any]) -> pd.DataFrame:
     """One row per method label of the sweep's config: ``method_label, method, K, replay, engine, synthetic_L``
-    (``engine`` = the engine path and K that ran it, e.g. ``eagle3-k3``)."""
+    (``engine`` = the engine path and K that ran it, e.g. ``eagle3-k3``). The provenance's config is the
+    sweep's validated config written out whole, so every SD method carries its ``num_spec_tokens``."""
     rows = []
     for m in provenance.get("config", {}).get("methods", []):
-        k = 0 if m["name"] == "none" else int(m.get("num_spec_tokens", 3))
+        k = int(m["num_spec_tokens"]) if method_spec(m["name"]).is_sd else 0
         opts = m.get("options") or {}
         rows.append({"method_label": m["label"], "method": m["name"], "K": k, "replay": m.get("replay"),
-                     "engine": "none" if m["name"] == "none" else f"{m['name']}-k{k}",
-                     "synthetic_L": opts.get("synthetic_acceptance_length")})
+                     "engine": engine_label(m["name"], k), "synthetic_L": opts.get("synthetic_acceptance_length")})
     return pd.DataFrame(rows, columns=["method_label", "method", "K", "replay", "engine", "synthetic_L"])
+
+
+def replay_traces(provenance: dict[str, Any]) -> dict:
+    """Per dataset of a replay sweep: the prompts its cells ran, as prepared traces cut like the plans were."""
+    sweep = parse_sweep(provenance["config"])
+    out = {}
+    for wl in sweep.workloads:
+        prompts = load_prompts(wl)
+        ids = [str(p.source_id) for p in prompts]
+        table = load_trace_table(wl)
+        rows = table[table["request_id"].astype(str).isin(ids)]
+        prep = truncate_traces(prepare_traces(rows, keep_tokens=True), wl.max_output_tokens)
+        order = [list(prep.request_id).index(i) for i in ids]
+        out[wl.label] = prep.take(order)
+    return out
 
 
 #: a step this long (s) and this many times the cell's median step is a harness hiccup, not the engine
@@ -196,22 +218,22 @@ def hook_times(store) -> pd.DataFrame:
 
 
 def simulator_labels(sp: pd.DataFrame) -> pd.DataFrame:
-    """Adds the simulator's ``proposer`` and ``predict_method`` of each replayed policy (``FIXED_K``,
-    ``ORACLE_K``; Combine = proposer ``combined``), so measured cells read like the simulator's table."""
-    from sdlib.sim.replay import simulator_spec
-
+    """Adds the simulator's names of each replayed trace policy (``proposer``, ``predict_method``:
+    ``FIXED_K``, ``ORACLE_K``; Combine = proposer ``combined``) and its ``kind`` and ``k`` (None for the
+    oracles), so measured cells read like the simulator's table."""
     out = sp[sp["replay"].isin(("fixed", "oracle", "combine"))].copy()
-    specs = [simulator_spec(m, r, int(k)) for m, r, k in zip(out["method"], out["replay"], out["K"])]
-    out["proposer"] = [a for a, _ in specs]
-    out["predict_method"] = [b for _, b in specs]
+    refs = [replay_ref(r, m, int(k)) for m, r, k in zip(out["method"], out["replay"], out["K"])]
+    names = [authors_names(ref, cap=int(k)) for ref, k in zip(refs, out["K"])]
+    out["proposer"] = [a for a, _ in names]
+    out["predict_method"] = [b for _, b in names]
+    out["kind"] = [ref.name for ref in refs]
+    out["k"] = [np.nan if ref.k is None else float(ref.k) for ref in refs]
     return out
 
 
 def measured_stack(sp: pd.DataFrame) -> pd.DataFrame:
     """Per (dataset, batch size): the best measured fixed policy, the best Oracle Proposal, the best Oracle
     Combine (:func:`sdlib.sim.bounds.bounds_stack` on the measured cells), with each best cell's interval."""
-    from sdlib.sim.bounds import bounds_stack
-
     cells = simulator_labels(sp)
     st = bounds_stack(cells)
     ci = cells.set_index(["dataset", "batch_size", "speedup"])[["speedup_lo", "speedup_hi"]]

@@ -15,11 +15,11 @@ import pandas as pd
 
 from sdlib.analysis.replay import (N_BOOT, SEED, _boot_ratio, batch_throughput, calibration_table, error_summary,
                                    graph_mode, harness_hiccups, hook_times, measured_stack, method_info,
-                                   paired_speedups, sim_vs_measured, simulator_labels, step_costs)
+                                   paired_speedups, replay_traces, sim_vs_measured, simulator_labels,
+                                   step_costs)
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.costmodel import CostModel
-from sdlib.sim.replay_costs import (fit_engine_steps, fits_table, refit_speedups, replay_traces,
-                                    simulated_speedups)
+from sdlib.sim.replay_costs import fit_engine_steps, fits_table, refit_speedups, simulated_speedups
 from sdlib.store import SweepStore
 
 
@@ -44,7 +44,8 @@ def replay_report(sweep_dir: str | Path, cost_models: Sequence[CostModel] = ()) 
            "stack_measured": measured_stack(sp)}
     if cost_models:
         first = predictions[(predictions["cost_model"] == cost_models[0].name) & (predictions["variant"] == "padded")]
-        sim = simulator_labels(sp)[["dataset", "method_label", "batch_size", "proposer", "predict_method"]].merge(
+        sim = simulator_labels(sp)[["dataset", "method_label", "batch_size", "proposer", "predict_method", "kind",
+                                    "k"]].merge(
             first.rename(columns={"speedup_sim": "speedup"}), on=["dataset", "method_label", "batch_size"])
         out["stack_simulated"] = bounds_stack(sim)
     return out

@@ -29,10 +29,10 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-#: The paper's ``prompt_lookup_min`` / ``prompt_lookup_max`` (and sdlib's defaults for method ngram).
-NGRAM_MIN, NGRAM_MAX = 3, 7
+from sdlib.core.registry import KMAX, NGRAM_MAX, NGRAM_MIN
+
 #: The longest draft the authors' traces record (k = 20; ``acc_len`` is capped at 21).
-TRACE_MAX_K = 20
+TRACE_MAX_K = KMAX
 #: Draft length of our own traces unless asked otherwise.
 DEFAULT_K = 8
 

@@ -64,9 +64,9 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     """
     run_id = cell.run_id
     k = cell.method.k
-    always = cell.method.name not in ("ngram",)
-    if always and k and replay is None and cell.method.name == "custom":
-        always = _custom_drafted_k_every_step(result, counters, k, run_id)
+    always = cell.method.spec.drafts_k
+    if always is None:  # a user's proposer: k every step only where vLLM's counters confirm it
+        always = replay is not None or not k or _custom_drafted_k_every_step(result, counters, k, run_id)
     req_rows, step_rows = [], []
     sched: dict[int, Any] = {}  # engine step -> tokens the target processed
     sources = set()

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.analysis.bleu import MIN_BIN_REQUESTS, bleu_bins
-from sdlib.plots.breakdown import METHOD_ORDER
+from sdlib.core.registry import method_order
 from sdlib.plots.style import new_figure
 
 
@@ -138,12 +138,12 @@ def plot_measured(mb: pd.DataFrame, ref_label: str, title: str, width: float = 0
 
 def plot_acceptance_by_bleu(acc_bins: pd.DataFrame, title: str, k: int, width: float = 0.2):
     """Grouped bars: mean tokens gained per verify step per BLEU-4 bin (no brevity penalty), a bar per
-    method (in :data:`sdlib.plots.breakdown.METHOD_ORDER`), a panel per dataset, requests per bin under it.
+    method (in :func:`sdlib.core.registry.method_order`), a panel per dataset, requests per bin under it.
 
     ``acc_bins``: :func:`sdlib.analysis.bleu.acceptance_bins`; ``k``: the chain's draft length (axis label).
     """
     datasets = sorted(acc_bins.dataset.unique())
-    methods = [m for m in METHOD_ORDER if m in set(acc_bins.method)]
+    methods = sorted(set(acc_bins.method), key=method_order)
     cats = list(bleu_bins([0.0], width).categories)
     fig, axes = new_figure(1, len(datasets), width=4.2, height=4.0, sharey=True)
     for ax, ds in zip(axes[0], datasets):

@@ -12,16 +12,13 @@ import pandas as pd
 
 from sdlib.analysis.breakdown import SHARE_PHASES
 from sdlib.analysis.memory import setup_label
+from sdlib.core.registry import method_order
 from sdlib.plots.style import new_figure
 
 #: Colours of the stacked phases (bottom to top: draft, verify, sample, other).
 PHASE_COLORS = {"draft": "#dd8452", "verify": "#4c72b0", "sample": "#c44e52", "other": "#b8b8b8"}
-METHOD_ORDER = ("none", "ngram", "draft_model", "eagle", "eagle3", "mtp")
-
-
 def _method_sort_key(label: str, method: str) -> tuple:
-    m = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
-    return (m, label)
+    return (method_order(method), label)
 
 
 def plot_phase_shares(pooled: pd.DataFrame, title: str, row: str = "model", col: str = "method_label",

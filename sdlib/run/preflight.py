@@ -138,22 +138,22 @@ def preflight(sweep: SweepConfig) -> None:
     for i, me in enumerate(sweep.methods):
         if not me.model:
             continue
-        if me.name == "custom":  # a proposer class, not a model: it must import here as in the engine's worker
+        if me.spec.model == "class":  # a proposer class, not a model: it must import here as in the engine's worker
             _check_proposer_class(f"methods.{i}.model", me.model)
             continue
         cfg = _check_model(f"methods.{i}.model", me.model)
         if cfg is None:
             continue
         head = _is_eagle_head(cfg)
-        if me.name in ("eagle", "eagle3") and not head:
+        if me.spec.is_head and not head:
             raise ConfigError(f"methods.{i}.model: {me.model} is a full model "
                               f"({cfg.get('num_hidden_layers')} layers, {cfg.get('architectures')}), not an "
                               f"{me.name.upper()} head (use name: draft_model for a draft model)")
-        if me.name == "eagle3" and "Eagle3" not in " ".join(cfg.get("architectures") or []) and \
+        if me.spec.model == "eagle3_head" and "Eagle3" not in " ".join(cfg.get("architectures") or []) and \
                 "eagle_aux_hidden_state_layer_ids" not in cfg:
             raise ConfigError(f"methods.{i}.model: {me.model} is not an EAGLE-3 head (architectures "
                               f"{cfg.get('architectures')}; an EAGLE-1 head needs name: eagle)")
-        if me.name == "draft_model" and head:
+        if me.spec.model == "draft" and head:
             raise ConfigError(f"methods.{i}.model: {me.model} is an EAGLE head, not a draft model "
                               "(use name: eagle or eagle3)")
     known = engine_arg_names()

@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
-from sdlib.sim.oracle import prepare_traces
-from sdlib.sim.replay import RequestPlan, replay_plans, truncate_traces
-from sdlib.sim.policy.replay_plans import MIXED
+from sdlib.sim.prepared import prepare_traces
+from sdlib.core.registry import replay_ref
+from sdlib.sim.replay import RequestPlan, replay_plans
+from sdlib.sim.prepared import truncate_traces
 from sdlib.vllm.replay import ReplayPlans
 
 
@@ -48,11 +49,12 @@ def cell_plans(cell, prompts: list, table: pd.DataFrame) -> tuple[ReplayPlans, d
         raise ValueError(f"no traces for requests {missing[:5]}")
     spec = method.speculative_config() or {}
     lookup = (int(spec.get("prompt_lookup_min", NGRAM_MIN)), int(spec.get("prompt_lookup_max", NGRAM_MAX)))
-    ngram = lookup if (method.name == "ngram" or method.replay == "combine" or method.replay in MIXED) else None
+    ref = replay_ref(method.replay, method.name, K)
+    ngram = lookup if (method.spec.trace == "ngram" or ref.spec.mixes_drafters) else None
     rp = ReplayPlans(K=K, plans={k: (v.pos, v.proposed, v.accepted) for k, v in by_index.items()},
                      tokens=tokens if ngram else {}, prompt_len=prompt_len, ngram=ngram,
                      output_len={k: v.output_len for k, v in by_index.items()},
-                     check_ngram_len=method.name == "ngram" and method.replay == "fixed")
+                     check_ngram_len=method.spec.trace == "ngram" and ref.name == "fixed")
     return rp, by_index
 
 

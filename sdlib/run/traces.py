@@ -75,6 +75,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from sdlib.core.registry import METHODS as METHOD_SPECS
 from sdlib.extract.ngram import DEFAULT_K, NGRAM_MAX, NGRAM_MIN, ngram_acc_len
 from sdlib.paths import MODELS_DIR, repo_relative, resolve
 from sdlib.sim.traces import TRACE_COLUMNS, mean_acc_len, write_traces
@@ -85,8 +86,9 @@ from sdlib.vllm.engine import (EngineSettings, FirstVerify, close_engine, delta_
 log = logging.getLogger(__name__)
 
 #: drafters that need a model folder, and the folder (under ``--models``) each uses by default
-MODEL_METHODS = {"draft_model": "draft", "eagle": "eagle", "eagle3": "eagle3"}
-METHODS = ("ngram", *MODEL_METHODS)
+MODEL_METHODS = {m.name: m.trained for m in METHOD_SPECS.values() if m.trained}
+#: the methods a trace can be made for: the look-up and every drafter with a trained model of ours
+METHODS = tuple(m.name for m in METHOD_SPECS.values() if m.trace and (m.trained or not m.takes_model))
 OUT_COLUMNS = TRACE_COLUMNS + ["k", "mismatch_positions"]
 
 

@@ -16,9 +16,12 @@ import numpy as np
 import pandas as pd
 
 from sdlib.analysis.measures import crossover_table
+from sdlib.core.registry import PolicyRef
 from sdlib.paths import FIGURES_DIR
+from sdlib.sim.conventions import Convention, get_convention
 from sdlib.sim.costmodel import CostModel
-from sdlib.sim.oracle import TABLE_COLUMNS, Convention, PreparedTraces, get_convention, parse_predict_method, simulate
+from sdlib.sim.oracle import TABLE_COLUMNS, authors_policies, simulate
+from sdlib.sim.prepared import PreparedTraces
 
 #: The two proposers simulated on their own (``combined`` picks between them per step).
 SINGLE_PROPOSERS = ("eagle3", "ngram")
@@ -76,19 +79,19 @@ PAPER_BOUNDS = pd.DataFrame([
 def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
     """Per (dataset, batch_size): best fixed k (over eagle3/ngram and k), best Oracle Proposal, Oracle Combine.
 
-    ``table``: one convention and one cost model of :func:`speedup_table` (or measured cells in its shape;
-    ``ORACLE_K`` rows count as Oracle Proposal / Combine, the best K per cell). The
+    ``table``: one convention and one cost model of :func:`sdlib.sim.oracle.speedup_table` (or measured cells in
+    its shape, with its ``kind`` and ``k`` columns; capped oracles count as Oracle Proposal / Combine, the best
+    K per cell). The
     increments ``oracle_gain`` (best ORACLE over best fixed) and ``combine_gain``
     (Combine over the larger of the two) are clipped at 0 for stacking; ``stack_top``
     is the stacked height.
     """
-    t = table[table.proposer.isin(SINGLE_PROPOSERS)]
-    fixed = t[t.predict_method.str.startswith("FIXED_")].sort_values("speedup")
+    fixed = table[table["kind"] == "fixed"].sort_values("speedup")
     fixed = fixed.groupby(["dataset", "batch_size"]).tail(1)
-    fixed = fixed.assign(best_fixed_label=fixed.proposer + " k=" + fixed.predict_method.str[6:])
-    orc = t[t.predict_method.str.startswith("ORACLE")].sort_values("speedup")
+    fixed = fixed.assign(best_fixed_label=fixed.proposer + " k=" + fixed["k"].astype(int).astype(str))
+    orc = table[table["kind"] == "oracle"].sort_values("speedup")
     orc = orc.groupby(["dataset", "batch_size"]).tail(1)
-    comb = table[(table.proposer == "combined") & table.predict_method.str.startswith("ORACLE")]
+    comb = table[(table["kind"] == "combine") & table["k"].isna()]
     comb = comb.sort_values("speedup").groupby(["dataset", "batch_size"]).tail(1)
     out = (fixed[["dataset", "batch_size", "speedup", "best_fixed_label"]].rename(columns={"speedup": "best_fixed"})
            .merge(orc[["dataset", "batch_size", "speedup", "proposer"]]
@@ -103,12 +106,10 @@ def bounds_stack(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def fixed_k_rows(table: pd.DataFrame, cost_model: str, convention: str, batch_size: int = 1) -> pd.DataFrame:
-    """The ``FIXED_k`` rows of one cost model, convention and batch size, with their draft length ``k``
-    (the simulator's markers beside Leviathan's closed form)."""
-    out = table[(table.batch_size == batch_size) & (table.convention == convention) & (table.cost_model == cost_model)
-                & table.predict_method.str.startswith("FIXED_")].copy()
-    out["k"] = out.predict_method.map(parse_predict_method)
-    return out
+    """The fixed-k rows of one cost model, convention and batch size (column ``k``: the draft length; the
+    simulator's markers beside Leviathan's closed form)."""
+    return table[(table.batch_size == batch_size) & (table.convention == convention) & (table.cost_model == cost_model)
+                 & (table["kind"] == "fixed")].copy()
 
 
 def convention_summary(cmp_: pd.DataFrame) -> pd.DataFrame:
@@ -122,14 +123,13 @@ def convention_summary(cmp_: pd.DataFrame) -> pd.DataFrame:
 
 def convention_ablation_table(prep: PreparedTraces, cost_model: CostModel, proposers: Sequence[str],
                               base: str = "authors", target: str = "corrected", batch_sizes: Sequence[int] = (1, 128),
-                              predict_methods: Sequence[str] = ("FIXED_5", "ORACLE"),
-                              sample: Optional[str | int] = None) -> pd.DataFrame:
+                              fixed_ks: Sequence[int] = (5,), sample: Optional[str | int] = None) -> pd.DataFrame:
     """Speedup under each convention of :func:`convention_ablation` (``base``, one quirk at a time as in
     ``target``, ``target``), one column per convention in that order, a row per (dataset, proposer,
-    predict method, batch size)."""
+    predict method, batch size): fixed k for each of ``fixed_ks`` and the oracle, per proposer."""
     ablation = convention_ablation(base, target)
-    abl = simulate(prep, cost_models=[cost_model], batch_sizes=list(batch_sizes), proposers=proposers,
-                   predict_methods=list(predict_methods), conventions=list(ablation.values()), sample=sample)
+    abl = simulate(prep, cost_models=[cost_model], batch_sizes=list(batch_sizes),
+                   policies=authors_policies(proposers, fixed_ks), conventions=list(ablation.values()), sample=sample)
     return abl.pivot_table(index=["dataset", "proposer", "predict_method", "batch_size"], columns="convention",
                            values="speedup", sort=False)[list(ablation)].reset_index()
 
@@ -142,13 +142,13 @@ CROSSOVER_BATCH_SIZES = (1, 8, 16, 32, 64, 128, 256, 512)
 
 def crossover_by_cost_model(prep: PreparedTraces, cost_models: Sequence[CostModel], convention: str,
                             sample: Optional[str | int] = None, batch_sizes: Sequence[int] = CROSSOVER_BATCH_SIZES,
-                            proposers: Sequence[str] = SINGLE_PROPOSERS, predict_method: str = "FIXED_3",
+                            proposers: Sequence[str] = SINGLE_PROPOSERS, k: int = 3,
                             thresholds: Sequence[float] = (1.2, 1.0)) -> pd.DataFrame:
-    """Per (cost model, proposer, dataset): the first simulated batch size at which ``predict_method``'s
-    speedup falls below each threshold (NA: not within ``batch_sizes``), by
-    :func:`sdlib.analysis.measures.crossover_table` on the simulated table."""
-    xs = simulate(prep, cost_models=list(cost_models), batch_sizes=list(batch_sizes), proposers=list(proposers),
-                  predict_methods=[predict_method], conventions=[convention], sample=sample)
+    """Per (cost model, proposer, dataset): the first simulated batch size at which fixed ``k``'s speedup falls
+    below each threshold (NA: not within ``batch_sizes``), by :func:`sdlib.analysis.measures.crossover_table`
+    on the simulated table."""
+    xs = simulate(prep, cost_models=list(cost_models), batch_sizes=list(batch_sizes),
+                  policies=[PolicyRef("fixed", p, int(k)) for p in proposers], conventions=[convention], sample=sample)
     return crossover_table(xs, by=("cost_model", "proposer", "dataset"), thresholds=thresholds,
                            columns=CROSSOVER_COLUMNS)
 
@@ -157,9 +157,9 @@ def headline_table(table: pd.DataFrame, dataset: str, cost_model: str) -> pd.Dat
     """Per (convention, batch size) of one dataset and cost model: the best fixed k (proposer, predict
     method, ``best_fixed`` speedup) and Oracle Combine's speedup (``combine_oracle``)."""
     d = table[(table.dataset == dataset) & (table.cost_model == cost_model)]
-    best_fixed = (d[d.predict_method.str.startswith("FIXED_") & (d.proposer != "combined")]
+    best_fixed = (d[d["kind"] == "fixed"]
                   .sort_values("speedup").groupby(["convention", "batch_size"]).tail(1)
                   .set_index(["convention", "batch_size"])[["proposer", "predict_method", "speedup"]]
                   .rename(columns={"speedup": "best_fixed"}))
-    comb = d[(d.proposer == "combined") & (d.predict_method == "ORACLE")].set_index(["convention", "batch_size"])["speedup"]
+    comb = d[(d["kind"] == "combine") & d["k"].isna()].set_index(["convention", "batch_size"])["speedup"]
     return best_fixed.join(comb.rename("combine_oracle")).sort_index()

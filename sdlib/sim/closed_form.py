@@ -16,7 +16,7 @@ import pandas as pd
 
 from sdlib.extract.ngram import TRACE_MAX_K
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel
-from sdlib.sim.oracle import PreparedTraces
+from sdlib.sim.prepared import PreparedTraces
 
 def leviathan_speedup(alpha, k, c):
     """Leviathan et al. (2023) expected walltime improvement ``(1-alpha**(k+1)) / ((1-alpha)*(k*c+1))``.
@@ -130,7 +130,7 @@ def main(argv=None, prog: str = "sdlib rates") -> int:
     import argparse
     import json
 
-    from sdlib.sim.oracle import prepare_traces
+    from sdlib.sim.prepared import prepare_traces
     from sdlib.sim.traces import load_reference_traces
 
     ap = argparse.ArgumentParser(prog=prog, description="Per-position synthetic acceptance rates from the "

@@ -46,13 +46,14 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from sdlib.core.registry import METHODS
 from sdlib.sim.costmodel import CostModel, get_cost_model, robust_lstsq
 
 #: Engine paths: ``none`` (no SD), ``padded`` (EAGLE-3 / V2 runner: every row verifies k), ``ragged``
 #: (n-gram / V1 runner: a row verifies what it drafted).
 PATHS = ("none", "padded", "ragged")
-#: Sweep method name -> engine path.
-PATH_OF_METHOD = {"none": "none", "eagle3": "padded", "eagle": "padded", "ngram": "ragged"}
+#: Sweep method name -> engine path (:attr:`sdlib.core.registry.MethodSpec.path`; methods without one are not fitted).
+PATH_OF_METHOD = {m.name: m.path for m in METHODS.values() if m.path is not None}
 #: The committed fit (written by :func:`fit_engine_cost_model`; see ``data/costmodels/README`` lines in data/README.md).
 ENGINE_COST_MODEL_FILE = "data/costmodels/h200_replay_engine.json"
 
@@ -166,7 +167,7 @@ def decode_steps(sweep_dir) -> pd.DataFrame:
     d = es.merge(runs[["run_id", "method", "method_label", "batch_size", "num_spec_tokens"]], on="run_id")
     d = d[d["in_window"].fillna(False).astype(bool) & (d["num_running"] == d["batch_size"])
           & ~d["method_label"].str.contains("synthetic") & d["method"].isin(list(PATH_OF_METHOD))]
-    k = np.where(d["method"] == "none", 0, d["num_spec_tokens"]).astype(int)
+    k = np.where(d["method"].map(lambda m: METHODS[m].is_sd), d["num_spec_tokens"], 0).astype(int)
     d = d.assign(path=d["method"].map(PATH_OF_METHOD), k=k, B=d["batch_size"].astype(int))
     return d[d["num_scheduled_tokens"] <= d["num_running"] * (d["k"] + 1)].reset_index(drop=True)
 

@@ -2,7 +2,7 @@
 
 Three predictions per replayed cell (dataset, policy, batch size):
 
-* ``simulator``: the trace simulator as published (:func:`sdlib.sim.oracle.sd_times`) with a linear cost
+* ``simulator``: the trace simulator as published (:func:`sdlib.sim.policy.walk.request_times`) with a linear cost
   model (the authors' H100 fit, our H200 fit): drafts verified as proposed (ragged);
 * ``simulator, padded``: the same, but every step verifies K tokens where the engine path does
   (vLLM 0.26's V2 runner: EAGLE, EAGLE-3, whatever the plan proposed);
@@ -10,11 +10,11 @@ Three predictions per replayed cell (dataset, policy, batch size):
   ``duration = fixed + kv_s * kv + n_s * n`` (:func:`fit_engine_steps`): it carries the path's fixed cost per
   step, the price of K, and padding; the baseline uses the no-SD engine's fit.
 
-The replay (:mod:`sdlib.sim.replay`) runs exactly the simulator's step records, so prediction and
-measurement differ only in time.
+The replay (:mod:`sdlib.sim.replay`) runs exactly the simulator's steps, so prediction and measurement
+differ only in time.
 
 Usage:
-    preps = replay_traces(store.read_provenance())
+    preps = sdlib.analysis.replay.replay_traces(store.read_provenance())
     sim = simulated_speedups(preps, info, [AUTHORS_H100_LLAMA8B], batch_sizes=[1, 8, 32, 128])
 """
 
@@ -26,40 +26,23 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.config import parse_sweep
+from sdlib.core.registry import method_spec, replay_ref
 from sdlib.sim.costmodel import CostModel, robust_lstsq
-from sdlib.sim.oracle import PreparedTraces, baseline_times, prepare_traces, sd_times, step_records
-from sdlib.sim.replay import simulator_spec, truncate_traces
+from sdlib.sim.policy.walk import PolicyInputs, no_sd_times, request_times
+from sdlib.sim.prepared import PreparedTraces
+from sdlib.sim.replay import replay_steps
 
-#: engine paths that verify K tokens per row whatever was proposed (vLLM 0.26: the V2 runner)
-PADDED_METHODS = ("eagle3", "eagle")
 #: trace policies the simulator can predict (calibration policies are engine checks, not predictions)
 TRACE_POLICIES = ("fixed", "oracle", "combine")
 
 
-def replay_traces(provenance: dict[str, Any]) -> dict[str, PreparedTraces]:
-    """Per dataset of the sweep: the prompts its cells ran, as prepared traces cut like the plans were."""
-    from sdlib.workloads import load_prompts, load_trace_table
-
-    sweep = parse_sweep(provenance["config"])
-    out = {}
-    for wl in sweep.workloads:
-        prompts = load_prompts(wl)
-        ids = [str(p.source_id) for p in prompts]
-        table = load_trace_table(wl)
-        rows = table[table["request_id"].astype(str).isin(ids)]
-        prep = truncate_traces(prepare_traces(rows, keep_tokens=True), wl.max_output_tokens)
-        order = [list(prep.request_id).index(i) for i in ids]
-        out[wl.label] = prep.take(order)
-    return out
-
-
-def _records(prep: PreparedTraces, method: str, policy: str, K: int, padded: bool):
-    proposer, pm = simulator_spec(method, policy, K)
-    rec = step_records(prep, proposer, pm, "corrected")
-    if padded and method in PADDED_METHODS:
-        rec = dataclasses.replace(rec, n_i=np.full_like(rec.n_i, K + 1))
-    return rec
+def _steps(prep: PreparedTraces, method: str, policy: str, K: int, padded: bool):
+    """The replayed steps of ``policy`` on ``method``'s engine; ``padded``: every row verifies K where the
+    method's engine pads (vLLM 0.26's V2 runner: :attr:`sdlib.core.registry.MethodSpec.padded`)."""
+    st = replay_steps(prep, replay_ref(policy, method, K), K, method=method)
+    if padded and method_spec(method).padded:
+        st = dataclasses.replace(st, n_i=np.full_like(st.n_i, K + 1), eagle_n=np.full(st.n_i.shape, K + 1.0))
+    return st
 
 
 def simulated_speedups(preps: dict[str, PreparedTraces], info: pd.DataFrame, cost_models: Sequence[CostModel],
@@ -68,14 +51,15 @@ def simulated_speedups(preps: dict[str, PreparedTraces], info: pd.DataFrame, cos
     prompts (mean SD throughput / mean no-SD throughput); variants ``ragged`` and ``padded``."""
     rows = []
     for ds, prep in preps.items():
+        inp = PolicyInputs.of(prep)
         for m in info[info["replay"].isin(TRACE_POLICIES)].itertuples():
             for padded in (False, True):
-                rec = _records(prep, m.method, m.replay, int(m.K), padded)
-                L = rec.output_len
+                st = _steps(prep, m.method, m.replay, int(m.K), padded)
+                L = st.output_len
                 for cm in cost_models:
                     for B in batch_sizes:
-                        sd = B * L / sd_times(prep, rec, cm, B)
-                        base = B * L / baseline_times(prep, L, cm, B)
+                        sd = B * L / request_times(inp, st, cm, B)
+                        base = B * L / no_sd_times(inp, L, cm, B)
                         rows.append({"dataset": ds, "method_label": m.method_label, "batch_size": int(B),
                                      "cost_model": cm.name, "variant": "padded" if padded else "ragged",
                                      "speedup_sim": float(sd.mean() / base.mean())})
@@ -143,7 +127,7 @@ def refit_speedups(preps: dict[str, PreparedTraces], info: pd.DataFrame, fits: d
             if m.engine not in fits:
                 continue
             f = fits[m.engine]
-            rec = _records(prep, m.method, m.replay, int(m.K), padded=True)
+            rec = _steps(prep, m.method, m.replay, int(m.K), padded=True)
             L = rec.output_len.astype(float)
             for B in batch_sizes:
                 t_sd = f.time(B * (P[rec.req] + rec.pos), B * rec.n_i)

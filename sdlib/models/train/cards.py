@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from sdlib.core.registry import METHODS
 from sdlib.models.train.files import utc_now
 from sdlib.models.train.presets import MODEL_COMPONENTS
 
@@ -83,7 +84,11 @@ def cards_markdown(models: Path, sweep_dir: Optional[Path] = None) -> str:
         runs, steps = read_table(sweep_dir, "runs"), read_table(sweep_dir, "steps")
         if len(runs) and len(steps):
             measured = acceptance_by_method(steps, runs)
-    method_of = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3"}
+            method_of_label = dict(zip(runs["method_label"], runs["method"]))
+            k_of_label = dict(zip(runs["method_label"], runs["num_spec_tokens"]))
+            measured = measured.assign(method=measured["method_label"].map(method_of_label),
+                                       k=measured["method_label"].map(k_of_label))
+    method_of = {m.trained: m.name for m in METHODS.values() if m.trained}  # our trained folder -> its method
     lines = ["# The embedded models (trained)", "",
              "Written by `sdlib train cards` from each folder's `sdlib_model.json` (the model card",
              "`fit` wrote) and, for acceptance in vLLM, from the sweep's tables. Retrain from scratch:",
@@ -109,15 +114,17 @@ def cards_markdown(models: Path, sweep_dir: Optional[Path] = None) -> str:
             lines.append(f"- acceptance estimated offline in torch at fit time (k={off['k']}, {off['prompts']} "
                          f"held-out prompts): mean acceptance length {off['mean_acceptance_length']:.2f}")
         if measured is not None and c in method_of:
-            m = measured[measured.method_label.str.split("-k").str[0] == method_of[c]]
+            m = measured[measured["method"] == method_of[c]]
             if len(m):
                 per = ", ".join(f"{r.dataset} {r.mean_acceptance_length:.2f}" for r in m.itertuples())
-                lines.append(f"- **measured in vLLM** (`{Path(sweep_dir).name}`, k=3, held-out prompts, "
+                ks = "/".join(str(int(k)) for k in sorted(set(m["k"])))
+                lines.append(f"- **measured in vLLM** (`{Path(sweep_dir).name}`, k={ks}, held-out prompts, "
                              f"all batch sizes): mean acceptance length {per}")
         lines.append("")
     if measured is not None and len(measured):
         t = measured.pivot_table(index="method_label", columns="dataset", values="mean_acceptance_length")
-        lines += [f"## Mean acceptance length measured in vLLM (`{Path(sweep_dir).name}`, k=3, steps that drafted)", "",
+        ks = "/".join(str(int(k)) for k in sorted(set(measured["k"])))
+        lines += [f"## Mean acceptance length measured in vLLM (`{Path(sweep_dir).name}`, k={ks}, steps that drafted)", "",
                   "| method | " + " | ".join(t.columns) + " |", "| --- |" + " --- |" * len(t.columns)]
         lines += [f"| {i} | " + " | ".join(f"{v:.2f}" for v in r) + " |" for i, r in t.iterrows()]
         lines.append("")

@@ -23,10 +23,9 @@ from typing import Any, Optional
 
 from sdlib.models.train.prepare import heldout_prompts
 from sdlib.models.train.presets import SWEEP_SEED
+from sdlib.core.registry import method_spec
 from sdlib.paths import REPO_ROOT
 
-#: method -> the folder of its drafter
-DRAFTERS = {"draft_model": "draft", "eagle": "eagle", "eagle3": "eagle3"}
 
 
 def check_prompts(tokenizer_dir: Path, n: int) -> list[list[int]]:
@@ -63,7 +62,8 @@ def check_one(models: Path, method: str, k: int, n: int, max_tokens: int,
 
     settings = EngineSettings(dtype="bfloat16", max_model_len=1024, gpu_memory_utilization=0.2,
                               enforce_eager=True, max_num_seqs=max(4, n), seed=0)
-    drafter = models / DRAFTERS[method] if method in DRAFTERS else None
+    folder = method_spec(method).trained
+    drafter = models / folder if folder else None
     t0 = time.perf_counter()
     llm = make_engine(models / "target", method, k=k, drafter=drafter, settings=settings)
     t_load = time.perf_counter() - t0

@@ -1,21 +1,24 @@
-"""Online per-step policies: choose the drafter and the draft length at every step from what has been seen so
-far (the paper's open problem), the published adaptive baselines, and how they are simulated and replayed.
+"""Per-step policies: choose the drafter and the draft length at every step from what has been seen so far (the
+paper's open problem), the published adaptive baselines, the oracles, and how they are simulated and replayed.
+
+Importing this package registers every policy in :mod:`sdlib.core.registry` (each module registers its own
+specs; adding a policy to one of these modules is a one-module change).
 
 Modules, in the order data flows:
+    walk          walking a policy over acceptance traces step by step (PolicyInputs, walk, position_steps)
+    static        fixed k, Oracle Proposal, Oracle Combine, the replay calibration plans
     features      per-step features a policy may see (acceptance so far, n-gram match length, position)
     predictor     the acceptance predictor (hazard models per drafter) a policy uses
-    training      cross-fitting the predictor (two folds by request hash), save / load
     online        the project's online policy (expected tokens per unit time under a cost model)
+    training      cross-fitting the predictor (two folds by request hash), save / load
     confidence    EAGLE-3's length stopped token by token on the head's own confidence (needs confidences)
     baselines     published adaptive rules (n-gram/EAGLE switch, SGLang, DynamicSD, SpecDecode-Bench ...)
     arctic        Arctic Inference's suffix-decoding rule
-    walk          walking a policy over acceptance traces step by step (PolicyInputs, walk)
     table         every policy at every batch size and cost model -> the policy table and gap table
     views         per-position choices and where policies lose (notebook 07)
-    replay_plans  a policy's steps as trace-replay plans for the engine (sdlib.sim.replay, sdlib.run.replay)
     cli           ``sdlib simulate``
 
-They read the simulator (:mod:`sdlib.sim.oracle`, :mod:`sdlib.sim.costmodel`, :mod:`sdlib.sim.engine_costs`);
-nothing under ``sdlib.sim`` outside this package imports it except :mod:`sdlib.sim.replay`'s dispatch of
-per-step replay policies.
+They read the simulator (:mod:`sdlib.sim.oracle`, :mod:`sdlib.sim.costmodel`, :mod:`sdlib.sim.engine_costs`).
 """
+
+from sdlib.sim.policy import static, online, confidence, baselines, arctic  # noqa: F401  (registers the policies)

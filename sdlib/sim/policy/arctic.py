@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sdlib.sim.policy.walk import EAGLE, KMAX, NGRAM, Policy, PolicyInputs, PolicySteps, capped, walk
+from sdlib.core.registry import KMAX, PolicySpec, register_policy
+from sdlib.sim.policy.walk import EAGLE, NGRAM, Policy, PolicyInputs, PolicySteps, capped, walk
 
 #: The model drafter's k (the rule's threshold) and the suffix parameters (ArcticInference config v0.1.0 L58-64).
 ARCTIC_MODEL_K = 3
@@ -232,3 +233,11 @@ def arctic_steps(inp: PolicyInputs, k: int = ARCTIC_MODEL_K, K: Optional[int] = 
     finally:
         inp.acc_ng = saved
     return st
+
+
+register_policy(PolicySpec(
+    "arctic", "baseline",
+    lambda req, ref: [arctic_steps(req.inputs, ARCTIC_MODEL_K if req.K is None else min(ARCTIC_MODEL_K, req.K),
+                                   req.K)] * len(req.configs),
+    "Arctic Inference's suffix-or-model rule (arctic_inference suffix decoding)", replays_on=("eagle3",),
+    mixes_drafters=True, groups=("baselines",)))

@@ -21,9 +21,11 @@ name                        rule
 ``arctic``                  Arctic Inference's suffix-or-model rule (:mod:`sdlib.sim.policy.arctic`)
 ==========================  ==========================================================================
 
+Each is registered in :mod:`sdlib.core.registry` (group ``baselines``).
+
 Usage:
-    from sdlib.sim.policy.baselines import BASELINES, baseline_steps
-    steps = baseline_steps("sglang-adaptive", inp, batch_size=8)   # a PolicySteps
+    from sdlib.sim.policy.baselines import sglang_steps
+    steps = sglang_steps(inp, batch_size=8)   # a PolicySteps
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from typing import Optional
 
 import numpy as np
 
-from sdlib.sim.policy.walk import EAGLE, KMAX, NGRAM, NONE, Lanes, Policy, PolicyInputs, PolicySteps, capped, walk
+from sdlib.core.registry import KMAX, BuildRequest, PolicySpec, register_policy
+from sdlib.sim.policy.walk import (EAGLE, NGRAM, NONE, Lanes, Policy, PolicyInputs, PolicySteps, capped, position_steps,
+                                  walk)
 
 # --------------------------------------------------------------------------- SpecDecode-Bench ADAPTIVE
 #: SpecDecode-Bench/simulator branch dev/add-adaptive @4188de3, predictor.py L80-97: initial k, step up, step down.
@@ -285,46 +289,63 @@ class NgramOrEagle(Policy):
         return np.where(ng, NGRAM, EAGLE).astype(np.int8), prop, prop, 1.0, 1.0
 
 
-def position_only_steps(inp: PolicyInputs, pol: Policy) -> PolicySteps:
-    """A policy whose choice depends on the position alone, walked once (no state)."""
-    return walk(inp, pol)[0]
-
-
 # --------------------------------------------------------------------------- registry
-BASELINES = ("specdecode-adaptive-eagle3", "specdecode-adaptive-ngram", "sglang-adaptive", "sglang-adaptive-0.5.11",
-             "dynamic-sd", "ngram-eagle", "ngram-eagle-long", "arctic")
-#: Which baselines depend on the batch size (the others are walked once).
-BATCH_DEPENDENT = ("sglang-adaptive", "dynamic-sd")
-#: issue #13's long variant of #24344's rule
-LONG_NGRAM_K, LONG_EAGLE_K = KMAX, 5
+#: #24344's settings (n-gram k, EAGLE k) and issue #13's long variant's (the n-gram proposing its continuation up to
+#: the traces' longest scored draft).
+NGRAM_EAGLE_K, NGRAM_EAGLE_LONG_K = (5, 3), (KMAX, 5)
 
 
-def baseline_steps(name: str, inp: PolicyInputs, batch_size: int = 1) -> PolicySteps:
-    """The :class:`PolicySteps` of baseline ``name`` at ``batch_size``."""
-    if name.startswith("specdecode-adaptive-"):
-        return walk(inp, SpecDecodeAdaptive(name.rsplit("-", 1)[1]))[0]
-    if name == "sglang-adaptive":
-        return sglang_steps(inp, batch_size, "0.5.23")
-    if name == "sglang-adaptive-0.5.11":
-        return sglang_steps(inp, batch_size, "0.5.11")
-    if name == "dynamic-sd":
-        from sdlib.sim.oracle import step_records
-        from sdlib.sim.policy.walk import from_step_records
-
-        k = dynamic_sd_k(batch_size)
-        if k == 0:
-            return _plain_decode(inp, "eagle3", "padded")
-        return from_step_records(step_records(inp.prep, "eagle3", f"FIXED_{k}", "corrected"), "padded", k, "eagle3")
-    if name == "ngram-eagle":
-        return position_only_steps(inp, NgramOrEagle())
-    if name == "ngram-eagle-long":
-        return position_only_steps(inp, NgramOrEagle(min(LONG_NGRAM_K, inp.kmax), LONG_EAGLE_K, "ngram-eagle-long"))
-    if name == "arctic":
-        from sdlib.sim.policy.arctic import arctic_steps
-
-        return arctic_steps(inp)
-    raise ValueError(f"baseline {name!r} not in {BASELINES}")
+def _per_batch_size(req: BuildRequest, steps_at) -> list:
+    """``steps_at(B)`` once per distinct batch size of the request's configurations."""
+    by_b = {B: steps_at(B) for B in dict.fromkeys(int(b) for _, b in req.configs)}
+    return [by_b[int(b)] for _, b in req.configs]
 
 
-__all__ = ["BASELINES", "BATCH_DEPENDENT", "baseline_steps", "SpecDecodeAdaptive", "SGLangAdaptive", "NgramOrEagle",
-           "dynamic_sd_k", "sglang_slot", "sglang_recompute", "Lanes"]
+def _same(req: BuildRequest, steps) -> list:
+    return [steps] * len(req.configs)
+
+
+def dynamic_sd_steps(inp: PolicyInputs, batch_size: int, K: Optional[int] = None) -> PolicySteps:
+    """vLLM's Dynamic SD at ``batch_size``: EAGLE-3 with the schedule's k (capped at ``K``), plain decode at k 0."""
+    k = dynamic_sd_k(batch_size)
+    k = k if K is None else min(k, K)
+    if k == 0:
+        return _plain_decode(inp, "eagle3", "padded")
+    return position_steps(inp, "fixed", "eagle3", k)
+
+
+register_policy(PolicySpec(
+    "specdecode-adaptive", "baseline",
+    lambda req, ref: _same(req, walk(req.inputs, capped(SpecDecodeAdaptive(ref.drafter), req.K))[0]),
+    "SpecDecode-Bench ADAPTIVE (dev/add-adaptive @4188de3, predictor.py L63-97)", drafters=("eagle3", "ngram"),
+    replays_on=("eagle3", "ngram"), replay_drafter=True, groups=("baselines",)))
+register_policy(PolicySpec(
+    "sglang-adaptive", "baseline",
+    lambda req, ref: _per_batch_size(req, lambda B: sglang_steps(req.inputs, B, "0.5.23", K=req.K)),
+    "SGLang 0.5.23 --speculative-adaptive (adaptive_spec_params.py)", replays_on=("eagle3",),
+    batch_dependent=True, groups=("baselines",)))
+register_policy(PolicySpec(
+    "sglang-adaptive-0.5.11", "baseline",
+    lambda req, ref: _same(req, sglang_steps(req.inputs, 1, "0.5.11", K=req.K)),
+    "SGLang 0.5.11 --speculative-adaptive (one controller, tiers [1, 3, 7])", groups=("baselines",)))
+register_policy(PolicySpec(
+    "dynamic-sd", "baseline",
+    lambda req, ref: _per_batch_size(req, lambda B: dynamic_sd_steps(req.inputs, B, req.K)),
+    "vLLM Dynamic SD (num_speculative_tokens_per_batch_size, PR #32374's example schedule)",
+    replays_on=("eagle3",), batch_dependent=True, groups=("baselines",)))
+register_policy(PolicySpec(
+    "ngram-eagle", "baseline",
+    lambda req, ref: _same(req, walk(req.inputs, capped(NgramOrEagle(*NGRAM_EAGLE_K), req.K))[0]),
+    "vLLM PR #24344 ngram-eagle (n-gram k 5 when it matches, else EAGLE k 3)", replays_on=("eagle3",),
+    mixes_drafters=True, groups=("baselines",)))
+register_policy(PolicySpec(
+    "ngram-eagle-long", "baseline",
+    lambda req, ref: _same(req, walk(req.inputs, capped(NgramOrEagle(min(NGRAM_EAGLE_LONG_K[0], req.inputs.kmax),
+                                                                     NGRAM_EAGLE_LONG_K[1], "ngram-eagle-long"),
+                                                        req.K))[0]),
+    "PR #24344's rule with the n-gram continuation up to 20 tokens and EAGLE-3 k 5 (issue #13)",
+    replays_on=("eagle3",), mixes_drafters=True, groups=("baselines",)))
+
+
+__all__ = ["SpecDecodeAdaptive", "SGLangAdaptive", "NgramOrEagle", "dynamic_sd_k", "dynamic_sd_steps", "sglang_slot",
+           "sglang_recompute", "sglang_steps", "Lanes"]

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from sdlib.sim.policy.baselines import BASELINES
+from sdlib.core.registry import GROUPS, POLICIES, RegistryError, expand_policies
 from sdlib.sim.policy.confidence import ConfidenceError
-from sdlib.sim.policy.table import CONFIDENCE_POLICIES, FAMILIES, FIXED_KS, NEEDS_PREDICTOR, ONLINE_VARIANTS
+from sdlib.sim.policy.static import FIXED_KS
 
 #: The committed, cross-fitted predictor for the reference traces (``--save-predictor`` writes one).
 REFERENCE_PREDICTOR = "data/predictors/online_reference.json"
@@ -124,10 +124,13 @@ def load_confidences(spec: str, k: Optional[int] = None, traces: Optional[str] =
 
 
 def build_parser(prog: str = "sdlib simulate") -> argparse.ArgumentParser:
-    ep = (f"policies: families {', '.join(FAMILIES)} (fixed = k in {list(FIXED_KS)} for eagle3 and ngram; "
-          f"oracle = Oracle Proposal of each; combine = Oracle Combine); online variants "
-          f"{', '.join(ONLINE_VARIANTS)}; with --confidences {', '.join(CONFIDENCE_POLICIES)}; baselines {', '.join(BASELINES)}; or one fixed method as "
-          f"fixed-<eagle3|ngram>-k<k>. cost models: {', '.join(COST_MODEL_NAMES)} (data/costmodels/), or a path. "
+    needs_conf = [s.name for s in POLICIES.values() if "confidences" in s.needs]
+    plain = [s.name for s in POLICIES.values() if s.simulate and s.plain_refs() and not s.groups and s.name not in needs_conf]
+    ep = (f"policies: groups {', '.join(GROUPS)} (fixed = k in {list(FIXED_KS)} for eagle3 and ngram; oracle = "
+          f"Oracle Proposal of each; baselines = {', '.join(r.label for r in expand_policies(['baselines']))}); "
+          f"policies {', '.join(plain)}; with --confidences {', '.join(needs_conf)}; or one instance as "
+          f"fixed-<eagle3|ngram>-k<k>, oracle-<eagle3|ngram>, combine-k<k>. cost models: "
+          f"{', '.join(COST_MODEL_NAMES)} (data/costmodels/), or a path. "
           f"Reads traces; writes --out (CSV) and, if given, --gaps, --per-request, --save-predictor.")
     ap = _Parser(prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                  epilog=textwrap.fill(ep, 100, break_on_hyphens=False))
@@ -144,7 +147,8 @@ def build_parser(prog: str = "sdlib simulate") -> argparse.ArgumentParser:
     ap.add_argument("--fit-predictor", action="store_true", help="cross-fit the predictor on these traces")
     ap.add_argument("--save-predictor", help="write the predictor used (JSON)")
     ap.add_argument("--confidences", help="draft confidence files of the traces' requests (comma-separated globs; "
-                                          "written by sdlib confidences), for " + ", ".join(CONFIDENCE_POLICIES))
+                                          "written by sdlib confidences), for " +
+                    ", ".join(s.name for s in POLICIES.values() if "confidences" in s.needs))
     ap.add_argument("--datasets", help="comma-separated subset of the traces' datasets")
     ap.add_argument("--sample", type=int, help="at most this many requests per dataset (seeded)")
     return ap
@@ -161,9 +165,9 @@ def _ints(flag: str, text: str) -> list[int]:
 
 
 def run(args) -> int:
-    from sdlib.sim.oracle import prepare_traces, select_requests
-    from sdlib.sim.policy.table import expand_policies, simulate_policies, summarise
-    from sdlib.sim.replay import truncate_traces
+    from sdlib.sim.prepared import prepare_traces, select_requests
+    from sdlib.sim.policy.table import simulate_policies, summarise
+    from sdlib.sim.prepared import truncate_traces
 
     if args.convention != "corrected":
         raise UsageError(f"--convention: only 'corrected' is simulated for per-step policies (got {args.convention!r})")
@@ -172,9 +176,11 @@ def run(args) -> int:
     if not cms:
         raise UsageError("--cost-model: give at least one")
     try:
-        names = expand_policies([p.strip() for p in args.policies.split(",") if p.strip()])
-    except ValueError as e:
+        refs = expand_policies([p.strip() for p in args.policies.split(",") if p.strip()])
+    except RegistryError as e:
         raise UsageError(f"--policies: {e}") from None
+    if not all(r.spec.simulate for r in refs):
+        raise UsageError(f"--policies: {[r.label for r in refs if not r.spec.simulate]} are replay-only")
     t0 = time.perf_counter()
     traces, k = load_traces(args.traces)
     prep = prepare_traces(traces, ngram_lookup=True, keep_tokens=True)
@@ -187,16 +193,17 @@ def run(args) -> int:
     prep = truncate_traces(prep, None)
     confidences = load_confidences(args.confidences, k, None if args.traces == "reference" else args.traces) \
         if args.confidences else None
-    if confidences is None and any(n in CONFIDENCE_POLICIES for n in names):
-        raise UsageError(f"--confidences: {[n for n in names if n in CONFIDENCE_POLICIES]} need the requests' draft "
-                         "confidences (sdlib confidences writes them)")
+    need_conf = [r.label for r in refs if "confidences" in r.spec.needs]
+    if confidences is None and need_conf:
+        raise UsageError(f"--confidences: {need_conf} need the requests' draft confidences (sdlib confidences "
+                         "writes them)")
     t_load = time.perf_counter() - t0
     predictor = None
-    if any(n in NEEDS_PREDICTOR for n in names):
+    if any("predictor" in r.spec.needs for r in refs):
         predictor = _predictor(args, prep, k)
     t1 = time.perf_counter()
     try:
-        per_req = simulate_policies(prep, names, batch_sizes, cms, predictor=predictor, kmax=k, confidences=confidences)
+        per_req = simulate_policies(prep, refs, batch_sizes, cms, predictor=predictor, kmax=k, confidences=confidences)
     except ConfidenceError as e:
         raise UsageError(f"--confidences: {e}") from None
     table, gaps = summarise(per_req)
@@ -209,7 +216,7 @@ def run(args) -> int:
     if args.per_request:
         Path(args.per_request).parent.mkdir(parents=True, exist_ok=True)
         per_req.to_parquet(args.per_request, index=False)
-    print(f"{out}: {len(table)} rows ({len(names)} policies, {len(set(prep.dataset))} datasets, "
+    print(f"{out}: {len(table)} rows ({len(refs)} policies, {len(set(prep.dataset))} datasets, "
           f"{len(prep)} requests); load {t_load:.1f} s, simulate {time.perf_counter() - t1:.1f} s")
     return 0
 

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sdlib.sim.policy.online import OnlinePolicy
+from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, price_table, walk
 
 CALIBRATED, RAW, WITH_ONLINE = "online-confidence", "online-confidence-raw", "online-with-confidence"
@@ -263,6 +264,23 @@ def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predict
     else:
         pol = ConfidencePolicy(cms, bss, inp, variant=name)
     return walk(inp, pol, n_configs=len(cfg))
+
+
+def _build(req: BuildRequest, ref: PolicyRef) -> list:
+    if req.K is not None:
+        raise ValueError(f"{ref.label}: no engine replay (simulation only)")
+    if "conf_eagle" not in req.inputs.extra:
+        raise ConfidenceError(f"{ref.label} needs the requests' draft confidences (attach_confidences)")
+    return confidence_steps(req.inputs, ref.name, [tuple(c) for c in req.configs], req.predictor)
+
+
+_SOURCE = "EAGLE-3's length stopped on the head's own confidence (sdlib.sim.policy.confidence)"
+register_policy(PolicySpec(CALIBRATED, "online", _build, _SOURCE + ", calibrated", batch_dependent=True,
+                           needs=frozenset({"confidences"})))
+register_policy(PolicySpec(RAW, "online", _build, _SOURCE + ", raw", batch_dependent=True,
+                           needs=frozenset({"confidences"})))
+register_policy(PolicySpec(WITH_ONLINE, "online", _build, _SOURCE + ", inside the online policy's drafter choice",
+                           batch_dependent=True, needs=frozenset({"confidences", "predictor"})))
 
 
 __all__ = ["VARIANTS", "ConfidenceError", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",

@@ -11,7 +11,11 @@ look-up every step; the engine model prices the step's k on the EAGLE-3 path), t
 ``E[g] / t``. ``drafters`` restricts the choice (``("eagle3",)``: length only, one drafter).
 
 Variants (policy names in tables start with ``online``): ``online`` (both drafters), ``online-eagle3`` and
-``online-ngram`` (one drafter: the share of the gap that choosing the length alone closes).
+``online-ngram`` (one drafter: the share of the gap that choosing the length alone closes); ``online-at-k``
+(replay only) prices every option at the engine's K, as vLLM 0.26's EAGLE-3 path charges it (the step time
+there depends on K and the batch size, not on what is drafted), so it drafts up to K and chooses the drafter.
+Each is registered in :mod:`sdlib.core.registry`; their build needs ``BuildRequest.predictor`` (the caller
+cross-fits it once, or loads the committed one for a replay: :func:`sdlib.sim.policy.training.ensure_predictor`).
 
 The predictor is cross-fitted (:mod:`sdlib.sim.policy.training`): each request is decided by a model fitted on
 the other fold of requests.
@@ -28,7 +32,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sdlib.sim.policy.walk import EAGLE, KMAX, NGRAM, NONE, Lanes, Policy, PolicyInputs, price_table
+from sdlib.core.registry import KMAX, BuildRequest, PolicyRef, PolicySpec, register_policy
+from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, Lanes, Policy, PolicyInputs, capped, price_table, walk
 from sdlib.sim.policy.predictor import FEATURES, HazardModel
 
 #: Decay of the per-request acceptance estimates per observation (fast and slow), and their prior
@@ -272,3 +277,28 @@ def models_from_dict(d: dict) -> dict:
     if list(d.get("features", [])) != list(FEATURES):
         raise ValueError(f"predictor features {d.get('features')} differ from this version's {list(FEATURES)}")
     return {k: HazardModel.from_dict(v) for k, v in d.items() if k in ("ngram", "eagle3")}
+
+
+def _online_build(variant: str, at_k: bool = False):
+    def build(req: BuildRequest, ref: PolicyRef) -> list:
+        pred = req.predictor
+        if pred is None:
+            raise ValueError(f"{ref.label} needs the acceptance predictor (sdlib.sim.policy.training.ensure_predictor)")
+        inp = req.inputs
+        pol = OnlinePolicy(pred.models, [c for c, _ in req.configs], [b for _, b in req.configs], variant=variant,
+                           model_of_request=pred.model_of_request(), kmax=inp.kmax if req.K is None else req.K,
+                           engine_k=req.K if at_k else None)
+        return walk(inp, capped(pol, req.K), n_configs=len(req.configs))
+    return build
+
+
+_SOURCE = "the project's online policy (sdlib.sim.policy.online)"
+register_policy(PolicySpec("online", "online", _online_build("online"), _SOURCE, replays_on=("eagle3",),
+                           mixes_drafters=True, batch_dependent=True, needs=frozenset({"predictor", "engine_files"})))
+register_policy(PolicySpec("online-eagle3", "online", _online_build("online-eagle3"), _SOURCE + ", EAGLE-3's length only",
+                           batch_dependent=True, needs=frozenset({"predictor"}), groups=("online-ablations",)))
+register_policy(PolicySpec("online-ngram", "online", _online_build("online-ngram"), _SOURCE + ", the n-gram's length only",
+                           replays_on=("ngram",), batch_dependent=True, needs=frozenset({"predictor", "engine_files"})))
+register_policy(PolicySpec("online-at-k", "online", _online_build("online", at_k=True),
+                           _SOURCE + ", every option priced at the engine's K", replays_on=("eagle3",), mixes_drafters=True,
+                           batch_dependent=True, needs=frozenset({"predictor", "engine_files"}), simulate=False))

@@ -1,17 +1,13 @@
 """Every policy family on the same requests, batch sizes and cost models: speedups with intervals, and the
 share of the gap (best fixed method -> Oracle Combine) each policy closes.
 
-Families (``--policies`` of ``sdlib simulate``):
-
-* ``fixed``: every fixed k of :data:`FIXED_KS` for EAGLE-3 and n-gram (rows ``fixed-eagle3-k3``, ...);
-* ``oracle``: Oracle Proposal of each method (``oracle-eagle3``, ``oracle-ngram``), the step's k = what it drafts;
-* ``combine``: Oracle Combine (``combine``);
-* ``online``: the project's online policy (:mod:`sdlib.sim.policy.online`); ``online-ablations``: its
-  one-drafter variant ``online-eagle3`` (length only; ``online-ngram`` by name);
-* ``online-confidence``, ``online-confidence-raw`` and ``online-with-confidence`` by name: EAGLE-3's length
-  stopped token by token on the head's own confidence, alone or inside the online policy's drafter choice
-  (:mod:`sdlib.sim.policy.confidence`; needs the requests' draft confidences);
-* each baseline of :data:`sdlib.sim.policy.baselines.BASELINES` by name.
+Policies (``--policies`` of ``sdlib simulate``) are those registered in :mod:`sdlib.core.registry` (``import
+sdlib.sim.policy`` registers them): group names (``fixed``: every k of
+:data:`sdlib.sim.policy.static.FIXED_KS` for EAGLE-3 and n-gram, rows ``fixed-eagle3-k3``, ...; ``oracle``:
+Oracle Proposal of each drafter; ``online-ablations``: ``online-eagle3``; ``baselines``: the shipped rules of
+:mod:`sdlib.sim.policy.baselines` and :mod:`sdlib.sim.policy.arctic`), policy names (``combine``, ``online``,
+``online-confidence``, ...) or instance labels (``fixed-ngram-k5``). Each instance's steps come from its
+registered ``build``, the same one a trace replay uses.
 
 Speedup per (cost model, dataset, batch size, policy) = mean throughput with SD / mean throughput without,
 over the requests (the simulator's definition); its interval is a bootstrap over requests (paired: the same
@@ -32,21 +28,11 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.sim.policy.baselines import BASELINES, BATCH_DEPENDENT, baseline_steps
-from sdlib.sim.oracle import PreparedTraces
-from sdlib.sim.policy.confidence import VARIANTS as CONFIDENCE_POLICIES, WITH_ONLINE
-from sdlib.sim.policy.walk import (KMAX, PolicyInputs, PolicySteps, no_sd_times, position_steps, request_times,
-                                  walk)
+from sdlib.core.registry import KMAX, BuildRequest, PolicyRef, expand_policies
+from sdlib.sim.prepared import PreparedTraces
+from sdlib.sim.policy.training import ensure_predictor
+from sdlib.sim.policy.walk import PolicyInputs, PolicySteps, no_sd_times, request_times
 
-#: Draft lengths of the ``fixed`` family (per method).
-FIXED_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20)
-FAMILIES = ("fixed", "oracle", "combine", "online", "online-ablations", "baselines")
-ONLINE_VARIANTS = ("online", "online-eagle3", "online-ngram")
-#: ``online-ablations``: the length-only variant (``online-ngram`` is selectable by name; it never beats
-#: the n-gram's best fixed k by much, and walks slowly: most of its steps gain one token).
-ABLATIONS = ("online-eagle3",)
-#: Policies that read the online policy's acceptance predictor.
-NEEDS_PREDICTOR = (*ONLINE_VARIANTS, WITH_ONLINE)
 #: Columns of the policy table (``sdlib simulate --out``).
 TABLE_COLUMNS = ["dataset", "policy", "family", "batch_size", "cost_model", "speedup", "speedup_lo", "speedup_hi",
                  "tokens_per_step", "drafted_per_step", "num_requests"]
@@ -55,57 +41,7 @@ BOOT_SEED = 0
 CI = 0.95
 
 
-def expand_policies(names: Sequence[str], kmax: int = KMAX) -> list[str]:
-    """Family and policy names -> policy names (each once, in order); unknown names raise ValueError.
-    ``kmax``: the traces' longest scored draft (fixed k above it are left out of the family)."""
-    out: list[str] = []
-    for n in names:
-        if n == "fixed":
-            out += [f"fixed-{m}-k{k}" for m in ("eagle3", "ngram") for k in FIXED_KS if k <= kmax]
-        elif n == "oracle":
-            out += ["oracle-eagle3", "oracle-ngram"]
-        elif n == "online-ablations":
-            out += list(ABLATIONS)
-        elif n == "baselines":
-            out += list(BASELINES)
-        elif n in ("combine", "oracle-eagle3", "oracle-ngram", *ONLINE_VARIANTS, *CONFIDENCE_POLICIES, *BASELINES) \
-                or _fixed_spec(n):
-            out.append(n)
-        else:
-            raise ValueError(f"unknown policy {n!r}: families {list(FAMILIES)}, baselines {list(BASELINES)}, "
-                             f"fixed-<eagle3|ngram>-k<k>, {list(ONLINE_VARIANTS + CONFIDENCE_POLICIES)}")
-    return list(dict.fromkeys(out))
-
-
-def family_of(policy: str) -> str:
-    if policy.startswith("fixed-"):
-        return "fixed"
-    if policy.startswith("oracle-"):
-        return "oracle"
-    if policy.startswith("online"):
-        return "online"
-    return "combine" if policy == "combine" else "baseline"
-
-
-def _fixed_spec(name: str) -> Optional[tuple[str, int]]:
-    parts = name.split("-")
-    if len(parts) == 3 and parts[0] == "fixed" and parts[1] in ("eagle3", "ngram") and parts[2][1:].isdigit() \
-            and parts[2].startswith("k") and int(parts[2][1:]) >= 1:
-        return parts[1], int(parts[2][1:])
-    return None
-
-
-def static_steps(inp: PolicyInputs, name: str) -> PolicySteps:
-    """Steps of a policy that depend neither on the batch size nor on the cost model."""
-    spec = _fixed_spec(name)
-    if spec:
-        return position_steps(inp, f"fixed-{spec[0]}", spec[1])
-    if name in ("oracle-eagle3", "oracle-ngram", "combine"):
-        return position_steps(inp, name)
-    return baseline_steps(name, inp)
-
-
-def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> dict:
+def _rows(inp, st: PolicySteps, ref: PolicyRef, cm, B: int, base_cache: dict) -> dict:
     prep = inp.prep
     L = st.output_len
     key = (cm.name, B, L.tobytes())
@@ -115,7 +51,7 @@ def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> dict
     ts = request_times(inp, st, cm, B)
     w = st.weight
     R = len(prep)
-    return {"policy": np.full(R, name, dtype=object), "family": np.full(R, family_of(name), dtype=object),
+    return {"policy": np.full(R, ref.label, dtype=object), "family": np.full(R, ref.spec.family, dtype=object),
             "batch_size": np.full(R, int(B)), "cost_model": np.full(R, cm.name, dtype=object), "output_len": L,
             "num_steps": np.bincount(st.req, weights=w, minlength=R),
             "gained": np.bincount(st.req, weights=w * st.gain, minlength=R),
@@ -123,62 +59,48 @@ def _rows(inp, st: PolicySteps, name: str, cm, B: int, base_cache: dict) -> dict
             "sd_time_s": ts, "base_time_s": tb, "sd_tok_per_s": B * L / ts, "base_tok_per_s": B * L / tb}
 
 
-def simulate_policies(prep: PreparedTraces, policies: Sequence[str], batch_sizes: Sequence[int],
+def simulate_policies(prep: PreparedTraces, policies: Sequence[str | PolicyRef], batch_sizes: Sequence[int],
                       cost_models: Sequence, predictor=None, kmax: int = KMAX,
                       confidences: Optional[dict] = None) -> pd.DataFrame:
     """One row per (request, policy, cost model, batch size); see :func:`policy_table` for the aggregate.
 
-    ``predictor``: a :class:`sdlib.sim.policy.training.Predictor` for the online policies (None: cross-fitted here);
-    ``kmax``: the traces' k (the longest draft they score); ``confidences``: {(dataset, request id): rows} for
-    the confidence policies (:func:`sdlib.sim.policy.confidence.attach_confidences`).
+    ``policies``: group names, policy names or labels (:func:`sdlib.core.registry.expand_policies`), or
+    instances. ``predictor``: a :class:`sdlib.sim.policy.training.Predictor` for the online policies (None:
+    cross-fitted here, once for all of them); ``kmax``: the traces' k (the longest draft they score);
+    ``confidences``: {(dataset, request id): rows} for the confidence policies
+    (:func:`sdlib.sim.policy.confidence.attach_confidences`).
     """
     inp = PolicyInputs.of(prep, kmax)
-    names = expand_policies(policies, inp.kmax)
-    if confidences is not None and any(n in CONFIDENCE_POLICIES for n in names):
+    refs = resolve_refs(policies, inp.kmax)
+    if confidences is not None and any("confidences" in r.spec.needs for r in refs):
         from sdlib.sim.policy.confidence import attach_confidences
 
         attach_confidences(inp, confidences)
-    if predictor is None and any(n in NEEDS_PREDICTOR for n in names):  # cross-fitted once for all of them
-        from sdlib.sim.policy.features import add_features
-        from sdlib.sim.policy.training import crossfit
-
-        add_features(inp)
-        predictor = crossfit(inp)
+    predictor = ensure_predictor(inp, refs, predictor)
     parts, base_cache = [], {}
     cfg = [(cm, int(B)) for cm in cost_models for B in batch_sizes]
-    for name in names:
-        for (cm, B), st in zip(cfg, policy_steps_at(inp, name, cfg, predictor)):
-            parts.append(_rows(inp, st, name, cm, B, base_cache))
+    for ref in refs:
+        for (cm, B), st in zip(cfg, policy_steps_at(inp, ref, cfg, predictor)):
+            parts.append(_rows(inp, st, ref, cm, B, base_cache))
     cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     n = len(parts)
     return pd.DataFrame({"dataset": np.tile(prep.dataset, n), "request_id": np.tile(prep.request_id, n), **cols})
 
 
-def policy_steps_at(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None) -> list[PolicySteps]:
-    """The steps of policy ``name`` at each (cost model, batch size) of ``cfg`` (shared where they do not
-    depend on them). The online variants need ``predictor`` (None: cross-fitted on ``inp``'s requests)."""
-    from sdlib.sim.policy.features import add_features
-    from sdlib.sim.policy.online import OnlinePolicy
+def resolve_refs(policies: Sequence[str | PolicyRef], kmax: int = KMAX) -> list[PolicyRef]:
+    """Names (groups, specs, labels) and instances -> instances, each once, in order."""
+    out: list[PolicyRef] = []
+    for p in policies:
+        out += [p] if isinstance(p, PolicyRef) else expand_policies([p], kmax)
+    return list(dict.fromkeys(out))
 
-    if name in NEEDS_PREDICTOR:
-        add_features(inp)
-        if predictor is None:
-            from sdlib.sim.policy.training import crossfit
 
-            predictor = crossfit(inp)
-    if name in ONLINE_VARIANTS:
-        pol = OnlinePolicy(predictor.models, [c for c, _ in cfg], [b for _, b in cfg], variant=name,
-                           model_of_request=predictor.model_of_request(), kmax=inp.kmax)
-        return walk(inp, pol, n_configs=len(cfg))
-    if name in CONFIDENCE_POLICIES:
-        from sdlib.sim.policy.confidence import confidence_steps
-
-        return confidence_steps(inp, name, cfg, predictor)
-    if name in BATCH_DEPENDENT:
-        by_b = {B: baseline_steps(name, inp, B) for B in dict.fromkeys(b for _, b in cfg)}
-        return [by_b[b] for _, b in cfg]
-    st = static_steps(inp, name)
-    return [st] * len(cfg)
+def policy_steps_at(inp: PolicyInputs, policy: str | PolicyRef, cfg: Sequence[tuple], predictor=None) -> list[PolicySteps]:
+    """The steps of ``policy`` (an instance or its label) at each (cost model, batch size) of ``cfg``, through its
+    registered build. The online policies need ``predictor`` (None: cross-fitted on ``inp``'s requests)."""
+    (ref,) = resolve_refs([policy], inp.kmax)
+    predictor = ensure_predictor(inp, [ref], predictor)
+    return ref.spec.build(BuildRequest(inp, list(cfg), predictor=predictor), ref)
 
 
 @functools.lru_cache(maxsize=16)
@@ -199,6 +121,7 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
     sd_all = {c: g for c, g in idx["sd_tok_per_s"].unstack("policy").groupby(level=[0, 1, 2], sort=False)}
     base_all = {c: g for c, g in idx["base_tok_per_s"].unstack("policy").groupby(level=[0, 1, 2], sort=False)}
     sums = per_req.groupby(keys + ["policy"], sort=False)[["num_steps", "gained", "drafted"]].sum().to_dict("index")
+    family = dict(zip(per_req["policy"], per_req["family"]))
     q = [(1 - CI) / 2, 1 - (1 - CI) / 2]
     rows, gaps = [], []
     for cell in per_req[keys].drop_duplicates().itertuples(index=False, name=None):
@@ -212,11 +135,11 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
         cm, ds, B = cell
         for j, pol in enumerate(cols):
             t = sums[(cm, ds, B, pol)]
-            rows.append({"dataset": ds, "policy": pol, "family": family_of(pol), "batch_size": int(B),
+            rows.append({"dataset": ds, "policy": pol, "family": family[pol], "batch_size": int(B),
                          "cost_model": cm, "speedup": float(sp[j]), "speedup_lo": float(lo[j]),
                          "speedup_hi": float(hi[j]), "tokens_per_step": float(t["gained"] / t["num_steps"]),
                          "drafted_per_step": float(t["drafted"] / t["num_steps"]), "num_requests": int(len(S))})
-        fixed = [j for j, c in enumerate(cols) if c.startswith("fixed-")]
+        fixed = [j for j, c in enumerate(cols) if family[c] == "fixed"]
         if not fixed or upper not in cols:
             continue
         jb = fixed[int(np.argmax(sp[fixed]))]
@@ -225,10 +148,10 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
         r_lo, r_hi = np.quantile(boot / boot[:, [jb]], q, axis=0)
         gap = float(sp[jc] - sp[jb])
         for j, pol in enumerate(cols):
-            if pol.startswith("fixed-"):
+            if family[pol] == "fixed":
                 continue
             gaps.append({"cost_model": cm, "dataset": ds, "batch_size": int(B), "policy": pol,
-                         "family": family_of(pol), "speedup": float(sp[j]), "best_fixed": cols[jb],
+                         "family": family[pol], "speedup": float(sp[j]), "best_fixed": cols[jb],
                          "best_fixed_speedup": float(sp[jb]), "best_fixed_lo": float(lo[jb]),
                          "combine_speedup": float(sp[jc]), "gap": gap, "gap_rel": gap / float(sp[jb]),
                          "gap_share": float((sp[j] - sp[jb]) / gap) if gap > 0 else float("nan"),

@@ -173,3 +173,13 @@ def load_predictor(path: str | Path, inp: PolicyInputs) -> Predictor:
         if saved and f"{d}/{r}" in saved and saved[f"{d}/{r}"] != k:
             raise ValueError(f"{path}: request {d}/{r} is in fold {saved[f'{d}/{r}']} there, {k} here")
     return Predictor([models_from_dict(m) for m in obj["models"]], f, obj["info"])
+
+
+def ensure_predictor(inp: PolicyInputs, refs, predictor: Optional[Predictor] = None) -> Optional[Predictor]:
+    """The predictor the policies ``refs`` (:class:`sdlib.core.registry.PolicyRef`) need: ``predictor`` when
+    given, else cross-fitted once on ``inp``'s requests; None when none of them needs one. The features are
+    added to ``inp`` either way (the online policies read them)."""
+    if not any("predictor" in r.spec.needs for r in refs):
+        return predictor
+    add_features(inp)
+    return predictor if predictor is not None else crossfit(inp)

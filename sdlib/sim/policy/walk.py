@@ -16,9 +16,9 @@ policy object decides (:meth:`Policy.decide`) and learns (:meth:`Policy.observe`
 lanes only.
 
 Usage:
-    from sdlib.sim.policy.walk import PolicyInputs, from_step_records, request_times
+    from sdlib.sim.policy.walk import PolicyInputs, position_steps, request_times
     inp = PolicyInputs.of(prep)
-    steps = from_step_records(step_records(prep, "eagle3", "FIXED_3"), path="padded", k_floor=3)
+    steps = position_steps(inp, "fixed", "eagle3", k=3)
     t = request_times(inp, steps, cost_model, batch_size=8)
 """
 
@@ -29,15 +29,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sdlib.core.registry import KMAX
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.engine_costs import EngineCostModel
-from sdlib.sim.oracle import PreparedTraces, StepRecords, baseline_times
+from sdlib.sim.prepared import PreparedTraces
 
 #: Drafter codes in step records.
 NONE, NGRAM, EAGLE = 0, 1, 2
 DRAFTER_NAMES = {NONE: "none", NGRAM: "ngram", EAGLE: "eagle3"}
-#: The longest draft the traces can score (acc is capped at 21).
-KMAX = 20
 
 
 # --------------------------------------------------------------------------- inputs
@@ -60,15 +59,17 @@ class PolicyInputs:
     extra: dict = field(default_factory=dict)  # per-position features added by other modules (flat arrays)
 
     @classmethod
-    def of(cls, prep: PreparedTraces, kmax: int = KMAX) -> "PolicyInputs":
-        """The inputs of ``prep`` (cached on it; ``kmax``: the traces' k, at most :data:`KMAX`)."""
+    def of(cls, prep: PreparedTraces, kmax: int = KMAX, need_lookup: bool = True) -> "PolicyInputs":
+        """The inputs of ``prep`` (cached on it; ``kmax``: the traces' k, at most :data:`KMAX`).
+        ``need_lookup``: the n-gram look-up's lengths must be there (``prepare_traces(..., ngram_lookup=True)``);
+        without them ``avail`` is 0 everywhere (only the authors' convention, which never reads it, runs)."""
         cache = prep._flat
         kmax = min(int(kmax), KMAX)
+        if need_lookup and prep.ngram_avail is None:
+            raise ValueError("needs the n-gram look-up: prepare_traces(..., ngram_lookup=True)")
         if "policy_inputs" in cache and cache["policy_inputs"].kmax != kmax:
             del cache["policy_inputs"]
         if "policy_inputs" not in cache:
-            if prep.ngram_avail is None:
-                raise ValueError("needs the n-gram look-up: prepare_traces(..., ngram_lookup=True)")
             O = prep.output_len.astype(np.int64)
             Le = np.array([len(a) for a in prep.acc["eagle3"]], np.int64)
             Ln = np.array([len(a) for a in prep.acc["ngram"]], np.int64)
@@ -84,11 +85,14 @@ class PolicyInputs:
             ok = np.concatenate([np.arange(n) < e for n, e in zip(G, Le)] + [np.zeros(0, bool)])
             cache["policy_inputs"] = cls(prep, O, Le, Ln, G, off, np.maximum(padded(prep.acc["ngram"], 1), 1),
                                          np.maximum(padded(prep.acc["eagle3"], 1), 1), ok,
-                                         np.minimum(padded(prep.ngram_avail, 0), kmax), kmax)
+                                         np.minimum(padded(prep.ngram_avail or [[]] * len(G), 0), kmax), kmax)
         return cache["policy_inputs"]
 
     def lengths(self, kind: str) -> np.ndarray:
-        """Output lengths a policy runs to: ``mixed`` (output), ``eagle3`` or ``ngram`` (that list's)."""
+        """Output lengths a policy runs to: ``mixed`` (output), ``eagle3`` or ``ngram`` (that list's), ``shorter``
+        (the shorter of the two lists: the authors' Combine)."""
+        if kind == "shorter":
+            return np.minimum(self.L_ngram, self.L_eagle)
         return {"mixed": self.L, "eagle3": self.L_eagle, "ngram": self.L_ngram}[kind]
 
     def at(self, name: str, req: np.ndarray, pos: np.ndarray, default=0) -> np.ndarray:
@@ -131,26 +135,6 @@ class PolicySteps:
                                                          "ngram", "gain", "weight")), self.output_len, self.path)
 
 
-def from_step_records(rec: StepRecords, path: str, k_floor: Optional[int] = None,
-                      proposer: str = "eagle3") -> PolicySteps:
-    """:class:`PolicySteps` of a :func:`sdlib.sim.oracle.step_records` run.
-
-    ``k_floor``: a fixed-k method's k (the engine's k every step); None: the step's k is what it drafted
-    (Oracle Proposal / Combine with a per-step k).
-    """
-    prop = rec.n_i - 1
-    k = prop.copy() if k_floor is None else np.maximum(prop, k_floor)
-    if proposer == "ngram":
-        drafter = np.where(prop > 0, NGRAM, NONE)
-    elif proposer == "eagle3":
-        drafter = np.full(prop.shape, EAGLE)
-    else:
-        drafter = np.where(rec.eagle > 0, EAGLE, NGRAM)
-    return PolicySteps(rec.req, rec.pos, rec.n_i, k.astype(np.int64), drafter.astype(np.int8), rec.eagle.astype(float),
-                       rec.n_i.astype(float), rec.ngram.astype(float), rec.gain, rec.weight.astype(float),
-                       rec.output_len, path)
-
-
 # --------------------------------------------------------------------------- pricing
 def step_seconds(cm, B: int, kv, n_i, k, eagle, eagle_n, ngram, path: str) -> np.ndarray:
     """Seconds of decode steps at batch size ``B`` (vectorised over steps).
@@ -173,7 +157,8 @@ def request_times(inp: PolicyInputs, st: PolicySteps, cm, B: int) -> np.ndarray:
     kv = float(B) * (prep.prompt_len[st.req] + st.pos)
     t = step_seconds(cm, B, kv, st.n_i, st.k, st.eagle, st.eagle_n, st.ngram, st.path)
     total = np.bincount(st.req, weights=st.weight * t, minlength=len(prep))
-    return total + _prefill(cm, prep, B)
+    total = total + cm.prefill_time(float(B) * prep.prompt_len)
+    return total if isinstance(cm, EngineCostModel) else total + cm.overhead_s
 
 
 def _prefill(cm, prep: PreparedTraces, B: int) -> np.ndarray:
@@ -185,7 +170,7 @@ def no_sd_times(inp: PolicyInputs, L: np.ndarray, cm, B: int) -> np.ndarray:
     """Per-request wall time without SD (prefill + ``L-1`` one-token steps), s."""
     prep = inp.prep
     if isinstance(cm, CostModel):
-        return baseline_times(prep, L, cm, B)
+        return _linear_no_sd_times(prep, L, cm, B)
     steps = np.maximum(L - 1, 0)
     req = np.repeat(np.arange(len(prep)), steps)
     off = np.zeros(len(prep) + 1, dtype=np.int64)
@@ -193,6 +178,20 @@ def no_sd_times(inp: PolicyInputs, L: np.ndarray, cm, B: int) -> np.ndarray:
     c = np.arange(off[-1]) - off[req] + 1
     t = cm.no_sd_time(B, float(B) * (prep.prompt_len[req] + c))
     return np.bincount(req, weights=t, minlength=len(prep)) + _prefill(cm, prep, B)
+
+
+def _linear_no_sd_times(prep, output_len: np.ndarray, cm: CostModel, batch_size: int) -> np.ndarray:
+    """The authors' no-SD baseline: prefill + ``L-1`` one-token decode steps per copy, each ``T(kv, B) +
+    overhead``, s."""
+    B = float(batch_size)
+    steps = np.maximum(output_len - 1, 0)
+    req = np.repeat(np.arange(len(prep)), steps)
+    off = np.zeros(len(prep) + 1, dtype=np.int64)
+    np.cumsum(steps, out=off[1:])
+    c = np.arange(off[-1]) - off[req] + 1
+    t = cm.verify_time(B * (prep.prompt_len[req] + c), B) + cm.overhead_s
+    total = np.bincount(req, weights=t, minlength=len(prep))
+    return total + cm.prefill_time(B * prep.prompt_len) + cm.overhead_s
 
 
 def price_table(cm, B: int, kmax: int = KMAX) -> dict:
@@ -309,41 +308,117 @@ def walk_positions(inp: PolicyInputs, gain: np.ndarray, lengths: str = "mixed") 
     return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
 
-def position_steps(inp: PolicyInputs, name: str, k: Optional[int] = None) -> PolicySteps:
-    """Fixed k (``fixed-eagle3`` / ``fixed-ngram``), Oracle Proposal (``oracle-eagle3`` / ``oracle-ngram``) and
-    Oracle Combine (``combine``) on the grid, as :func:`sdlib.sim.oracle.step_records` defines them under the
-    corrected convention (tests check they agree), without its per-call look-ups."""
-    ng, eg, av = inp.acc_ng, inp.acc_eg, inp.avail
-    if name == "fixed-eagle3":
-        prop, gain, kind = np.full(eg.shape, k), np.minimum(eg, k + 1), "eagle3"
-    elif name == "fixed-ngram":
-        prop = np.minimum(av, k)
-        gain, kind = np.minimum(ng, prop + 1), "ngram"
-    elif name == "oracle-eagle3":
-        prop, gain, kind = eg - 1, eg, "eagle3"
-    elif name == "oracle-ngram":
-        prop, gain, kind = ng - 1, ng, "ngram"
-    elif name == "combine":
-        a = np.maximum(ng, eg)
-        prop, gain, kind = a - 1, a, "mixed"
+def _shifted(inp: PolicyInputs, name: str, default) -> np.ndarray:
+    """Flat array ``name`` read one position earlier (``out[p] = arr[p - 1]``, ``default`` at p = 0): the
+    authors' look-up index (a step starting with ``c`` output tokens reads ``acc[c - 1]``). Cached on ``inp``."""
+    key = f"shifted:{name}"
+    if key not in inp.extra:
+        arr = getattr(inp, name)
+        out = np.empty_like(arr)
+        out[1:] = arr[:-1]
+        out[inp.off[:-1]] = default  # position 0 of every request
+        inp.extra[key] = out
+    return inp.extra[key]
+
+
+def position_steps(inp: PolicyInputs, kind: str, drafter: Optional[str] = None, k: Optional[int] = None,
+                   cap: Optional[int] = None, convention=None) -> PolicySteps:
+    """The steps of a policy whose choice depends on the position alone, on the grid: fixed k
+    (``kind="fixed"``, ``drafter`` ``eagle3`` / ``ngram``, ``k``), Oracle Proposal (``"oracle"``, ``drafter``)
+    and Oracle Combine (``"combine"``; with ``k``: the better drafter per step with k proposed, as the authors'
+    code allows). This is the one simulator walk: :mod:`sdlib.sim.oracle` (both conventions), ``sdlib
+    simulate`` and the trace replay all take their fixed / oracle / combine steps from here.
+
+    ``cap``: every proposal at most ``cap`` tokens (an engine's num_speculative_tokens; the oracles' step k is
+    then what they draft, fixed k's is ``min(k, cap)``). ``convention``: a
+    :class:`sdlib.sim.conventions.Convention` (None: ``corrected``): the look-up index, Combine's drafting
+    charge and output length, the n-gram's no-match rule (``authors``: a step with ``acc`` 1 matches with the
+    dataset's probability, taken in expectation as two weighted rows) and whether an idle look-up is charged.
+    """
+    from sdlib.sim.conventions import AUTHORS_NGRAM_MATCH_DEFAULT, AUTHORS_NGRAM_MATCH_PROB, CORRECTED
+
+    conv = CORRECTED if convention is None else convention
+    if conv.index_shift:
+        ng, eg, av = _shifted(inp, "acc_ng", 1), _shifted(inp, "acc_eg", 1), _shifted(inp, "avail", 0)
+        eg_ok = _shifted(inp, "eg_known", False)
     else:
-        raise ValueError(name)
-    idx = walk_positions(inp, gain, kind)
+        ng, eg, av, eg_ok = inp.acc_ng, inp.acc_eg, inp.avail, inp.eg_known
+    if kind == "fixed" and (k is None or k < 1):
+        raise ValueError("fixed k needs k >= 1")
+    if k is not None and cap is not None:
+        k = min(k, cap)
+    if kind in ("fixed", "oracle") and drafter not in ("eagle3", "ngram"):
+        raise ValueError(f"position policy {kind!r} needs drafter eagle3 or ngram, not {drafter!r}")
+    if kind not in ("fixed", "oracle", "combine"):
+        raise ValueError(f"position policy {kind!r}: fixed, oracle or combine")
+    if kind == "combine":
+        a, lengths = np.maximum(ng, eg), ("shorter" if conv.combine_length == "shorter" else "mixed")
+    else:
+        a, lengths = (eg if drafter == "eagle3" else ng), drafter
+    if k is None:  # an oracle: propose exactly what is accepted
+        prop = a - 1 if cap is None else np.minimum(a - 1, cap)
+    elif kind == "fixed" and drafter == "ngram" and conv.ngram_match == "tokens":
+        prop = np.minimum(av, k)  # the look-up proposes at most its continuation
+    else:
+        prop = np.full(a.shape, k, dtype=np.int64)
+    gain = np.minimum(a, prop + 1)
+    idx = walk_positions(inp, gain, lengths)
     req = np.searchsorted(inp.off, idx, side="right") - 1
     pos = idx - inp.off[req]
     p = prop[idx]
     n = idx.size
     one, zero = np.ones(n), np.zeros(n)
-    if kind == "eagle3":
-        drafter, eagle, ngram, path = np.full(n, EAGLE), one, zero, "padded"
-    elif kind == "ngram":
-        drafter, eagle, ngram, path = np.where(p > 0, NGRAM, NONE), zero, one, "ragged"
+    weight = one.copy()
+    if lengths == "eagle3":
+        drafter_, eagle, ngram, path = np.full(n, EAGLE), one, zero, "padded"
+    elif lengths == "ngram":
+        drafter_, eagle, path = np.where(p > 0, NGRAM, NONE), zero, "ragged"
+        ngram = one.copy() if conv.ngram_idle_draft else (p > 0).astype(float)
     else:
-        drafter, eagle, ngram, path = np.where(ng[idx] >= eg[idx], NGRAM, EAGLE), one, one, "padded"
+        drafter_, path = np.where(ng[idx] >= eg[idx], NGRAM, EAGLE), "padded"
+        if conv.combine_draft == "both":
+            eagle, ngram = one, one.copy()
+        elif conv.combine_draft == "ngram":
+            eagle, ngram = zero, one.copy()
+        elif conv.combine_draft == "winner":  # ties go to n-gram, as in their _get_winning_method
+            ew = (eg[idx] > ng[idx]) & eg_ok[idx]
+            eagle, ngram = ew.astype(float), (~ew).astype(float)
+        else:
+            raise ValueError(f"combine_draft {conv.combine_draft!r}")
     kk = np.full(n, k) if k is not None else p
-    return PolicySteps(req, pos, (p + 1).astype(np.int64), kk.astype(np.int64), drafter.astype(np.int8), eagle,
-                       (p + 1).astype(float), ngram, gain[idx].astype(np.int64), one.copy(),
-                       inp.lengths(kind).copy(), path)
+    g = gain[idx].astype(np.int64)
+    n_i = (p + 1).astype(np.int64)
+    if kind == "fixed" and drafter == "ngram" and conv.ngram_match == "authors":
+        # their rule: a step with acc 1 finds no n-gram with probability q -> propose nothing, draft free;
+        # in expectation: the step as proposed with weight 1 - q, plus the no-match step with weight q
+        q = 1.0 - np.array([AUTHORS_NGRAM_MATCH_PROB.get(d, AUTHORS_NGRAM_MATCH_DEFAULT)
+                            for d in inp.prep.dataset])[req]
+        s = np.flatnonzero(a[idx] == 1)
+        weight = np.where(a[idx] == 1, 1.0 - q, 1.0)
+        cat = lambda x, extra: np.concatenate([x, extra])  # noqa: E731
+        req, pos, g = cat(req, req[s]), cat(pos, pos[s]), cat(g, g[s])
+        weight = cat(weight, q[s])
+        n_i, kk = cat(n_i, np.ones(s.size, np.int64)), cat(kk, np.zeros(s.size, kk.dtype))
+        drafter_ = cat(drafter_, np.full(s.size, NONE))
+        ngram = cat(ngram, np.full(s.size, 1.0 if conv.ngram_idle_draft else 0.0))
+        eagle = np.zeros(req.size)
+    return PolicySteps(req, pos, n_i, kk.astype(np.int64), drafter_.astype(np.int8), eagle, n_i.astype(float),
+                       ngram, g, weight, inp.lengths(lengths).copy(), path)
+
+
+def constant_steps(inp: PolicyInputs, proposed: int, accepted: int, path: str = "padded") -> PolicySteps:
+    """Every request proposes ``proposed`` and accepts ``accepted`` at every step, up to its output length
+    (calibration plans: acceptance fixed by the plan, not by the traces)."""
+    L = inp.lengths("mixed")
+    steps = [np.arange(1, max(int(x), 1), accepted + 1, dtype=np.int64) for x in L]
+    req = np.repeat(np.arange(L.size), [s.size for s in steps])
+    pos = np.concatenate(steps + [np.zeros(0, np.int64)])
+    n = pos.size
+    one = np.ones(n)
+    drafter = EAGLE if proposed else NONE
+    return PolicySteps(req.astype(np.int64), pos, np.full(n, proposed + 1, np.int64), np.full(n, proposed, np.int64),
+                       np.full(n, drafter, np.int8), one * (proposed > 0), np.full(n, proposed + 1.0), 0 * one,
+                       np.full(n, accepted + 1, np.int64), one.copy(), L.copy(), path)
 
 
 def walk(inp: PolicyInputs, policy: Policy, n_configs: int = 1,
