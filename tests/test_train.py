@@ -387,7 +387,7 @@ def test_parse_shares_and_bad_input_exits_2(data, capsys):
 
 
 def test_max_steps_from_the_kept_runs_log(data, capsys):
-    """``--max-steps-from`` reads the step counts a run logged; the README's retrain command quotes them."""
+    """``--max-steps-from`` reads the step counts a run logged; the retrain command (docs/embedded.md) quotes them."""
     import re
 
     from sdlib.paths import REPO_ROOT, TRAINED_MODELS_DIR
@@ -403,7 +403,7 @@ def test_max_steps_from_the_kept_runs_log(data, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps", "3", "--max-steps-from", str(log)])
     assert e.value.code == 2
-    quoted = re.findall(r"--max-steps (\S+)", (REPO_ROOT / "README.md").read_text())
+    quoted = re.findall(r"--max-steps (\S+)", (REPO_ROOT / "docs" / "embedded.md").read_text())
     assert quoted and all(cli.parse_max_steps(q.strip("`")) == kept for q in quoted), quoted
 
 
