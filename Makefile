@@ -82,7 +82,7 @@ test: models
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q tests -m "not engine and not notebooks"
 
-# harness overhead (CPU build, tiny models) -> data/benchmarks/harness_overhead.md (the README links it)
+# harness overhead (CPU build, tiny models) -> data/benchmarks/harness_overhead.md (docs/FINDINGS.md links it)
 bench: models
 	$(PY) benchmarks/harness_overhead.py --out data/benchmarks/harness_overhead.md
 

@@ -6,7 +6,7 @@ vLLM's detailed per-request metrics, and the tables built from them. Same
 engine, same prompts, same batch (all requests submitted at once), alternated
 over repeats. Prints one table and the ratio on/off with a 95% interval (bootstrap over the paired
 repeats); not a test. ``--out FILE`` also writes it as markdown with its provenance (``make bench`` ->
-``data/benchmarks/harness_overhead.md``, which the README links).
+``data/benchmarks/harness_overhead.md``, which docs/FINDINGS.md links).
 
 Usage:
     python benchmarks/harness_overhead.py [--method draft_model] [--batch-size 16] [--requests 32] [--tokens 64]

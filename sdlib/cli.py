@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sdlib import __version__
 
     ap = argparse.ArgumentParser(prog="sdlib", description=DESCRIPTION,
-                                 epilog="Each command has --help. Docs: README.md, data/README.md.")
+                                 epilog="Each command has --help. Docs: README.md, docs/, data/README.md.")
     ap.add_argument("--version", action="version", version=f"sdlib {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="<command>")
     add_sweep_parsers(sub)

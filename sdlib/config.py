@@ -282,7 +282,7 @@ class WorkloadConfig:
             if not self.name:
                 raise ValueError("dataset 'custom' needs 'name' (what tables and figures call it)")
             if not self.path or self.source not in ("auto", "local"):
-                raise ValueError("dataset 'custom' needs 'path' (a JSONL file; see README, 'Your own data')")
+                raise ValueError("dataset 'custom' needs 'path' (a JSONL file; see docs/sweeps.md, 'Your own data')")
         if self.name is not None:
             check_name(self.name)
         return self

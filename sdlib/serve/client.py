@@ -1,7 +1,7 @@
 """An open-loop async client for vLLM's OpenAI server (aiohttp): sends each request at its scheduled time,
 streams the answer, and records when every SSE message came and how many tokens it carried.
 
-Why our own and not ``vllm bench serve`` (see /work/notes/serving.md, and README "Serving sweep"): vLLM's
+Why our own and not ``vllm bench serve`` (see docs/serving.md): vLLM's
 client records one gap per SSE message but not how many tokens each message carried (under SD one message
 is one engine step, 1 + accepted tokens), ignores the server's per-request metrics, saves no scheduled
 arrival times, rescales its gamma gaps, cannot send token-id prompts from the CLI (needed for dummy-weight

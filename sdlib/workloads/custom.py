@@ -10,7 +10,7 @@ Each line is one request, a JSON object with
 * ``reference`` (an expected output; kept, not used for timing).
 
 Rows are taken in seeded order (``seed``), as for every dataset; rows without a prompt are skipped and
-counted. Example (README, "Your own data")::
+counted. Example (docs/sweeps.md, "Your own data")::
 
     {"id": "q1", "prompt": "Rename x to count in: def f(x): return x + 1", "max_output_tokens": 64}
     {"id": "q2", "prompt_token_ids": [128000, 9906, 1917], "max_output_tokens": 32}

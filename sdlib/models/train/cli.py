@@ -35,7 +35,7 @@ steps, in order:
                   configs, tokenizer, sdlib_model.json cards) + manifest.json + a train log
   check    (CPU)  load the folders in the CPU build of vLLM, one engine per method; acceptance
   cards           data/models/README.md from the cards and the embedded sweep's tables
-Each command has --help. Retrain the committed weights: README.md, "Retrain from scratch".
+Each command has --help. Retrain the committed weights: docs/embedded.md, "Retrain from scratch".
 """
 
 
