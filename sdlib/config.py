@@ -119,12 +119,16 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
 #: Fields added after sweeps were committed: left out of a cell's key while they hold their default, so
 #: the run ids of existing results do not change.
 _ADDED_FIELDS: dict[str, Any] = {"replay": None, "datasets": None, "batch_sizes": None, "full_traces": False,
-                                  "pin_target": False, "name": None}
+                                  "pin_target": False, "name": None, "aa_of": None}
 
 
-def _key_dict(obj) -> dict[str, Any]:
+#: The same for serving cells (whose keys were fixed when fewer fields had been added).
+SERVING_ADDED_FIELDS: dict[str, Any] = {"aa_of": None}
+
+
+def _key_dict(obj, added: dict[str, Any] = _ADDED_FIELDS) -> dict[str, Any]:
     d = dataclasses.asdict(obj)
-    return {k: v for k, v in d.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
+    return {k: v for k, v in d.items() if not (k in added and v == added[k])}
 
 
 #: What a name that becomes part of a file name may hold (sweep, dataset, task, fleet names).
@@ -181,6 +185,9 @@ class MethodConfig:
     replay: Optional[str] = None
     datasets: Optional[list[str]] = None  # workload labels this method runs on (default: all)
     batch_sizes: Optional[list[StrictInt]] = None  # batch sizes this method runs at (default: the sweep's)
+    # an A/A control: this method is the same arm as the method labelled ``aa_of`` (same name, k, model, options,
+    # replay) under another label, run on that method's engine, so the pair measures the drift of the measurement
+    aa_of: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self) -> "MethodConfig":
@@ -326,6 +333,8 @@ class Cell:
     warmup_scope: str = "cell"
     engine: Optional[EngineConfig] = None  # the sweep's engine settings (part of the cell's identity)
     seed: StrictInt = 0  # the sweep's engine seed
+    start: StrictInt = 0  # which start of its engine runs the cell (sweep engine_starts)
+    engine_name: Optional[str] = None  # the engine the cell runs on (default: the method's; A/A twins share)
 
     def key(self) -> dict[str, Any]:
         """Everything that defines the cell's result (hashed into run_id)."""
@@ -343,6 +352,8 @@ class Cell:
         }
         if self.warmup_scope != "cell":
             key["warmup_scope"] = self.warmup_scope
+        if self.start:
+            key["engine_start"] = self.start
         # everything else that can change a measurement: the engine's settings and seed
         engine = dataclasses.asdict(self.engine) if self.engine is not None else {}
         engine.pop("startup_timeout_s", None)
@@ -364,14 +375,15 @@ class Cell:
         h = hashlib.sha256(json.dumps(self.key(), sort_keys=True, default=str).encode()).hexdigest()[:8]
         return "__".join(
             [_slug(self.model.name), _slug(self.method.label), _slug(self.workload.label),
-             f"bs{self.batch_size}", f"r{self.repeat}", h]
+             f"bs{self.batch_size}", f"r{self.repeat}" + (f"s{self.start}" if self.start else ""), h]
         )
 
     @property
-    def group(self) -> tuple[str, str]:
-        """Cells of one group share one engine: (model name, engine label); methods that differ only in
-        ``replay`` (or label) share their engine."""
-        return (self.model.name, self.method.engine_label if self.method.replay else self.method.label)
+    def group(self) -> tuple[str, str, int]:
+        """Cells of one group share one engine start: (model name, engine name, start); methods that differ
+        only in ``replay`` share their engine, an A/A twin shares its method's."""
+        name = self.engine_name or (self.method.engine_label if self.method.replay else self.method.label)
+        return (self.model.name, name, self.start)
 
 
 @dataclass(config=_STRICT)
@@ -392,6 +404,11 @@ class SweepConfig:
     # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer
     requests_per_slot: Optional[StrictInt] = Field(None, ge=1)
+    # every engine is started this many times (a fresh process each), its cells run on each start; with order
+    # "abba" the starts alternate the engines' order and, within an engine, (dataset, batch size) blocks run their
+    # arms forward at repeat 0 and backward at repeat 1 (A B B A), so drift over time hits every arm alike
+    engine_starts: StrictInt = Field(1, ge=1)
+    order: Literal["config", "abba"] = "config"
     results_dir: Optional[str] = None  # default: data/sweeps
     engine: EngineConfig = Field(default_factory=EngineConfig)
     seed: StrictInt = 0
@@ -434,9 +451,27 @@ class SweepConfig:
             bad_bs = sorted(set(m.batch_sizes or []) - set(self.batch_sizes))
             if bad_bs:
                 raise ValueError(f"methods.{m.label}.batch_sizes: {bad_bs} are not in batch_sizes {self.batch_sizes}")
+        by_label = {m.label: m for m in self.methods}
+        for m in self.methods:
+            if m.aa_of is None:
+                continue
+            twin = by_label.get(m.aa_of)
+            if twin is None or twin is m:
+                raise ValueError(f"methods.{m.label}.aa_of: {m.aa_of!r} is not another method's label "
+                                 f"({sorted(set(by_label) - {m.label})})")
+            if twin.aa_of is not None:
+                raise ValueError(f"methods.{m.label}.aa_of: {m.aa_of!r} is itself an A/A twin (point at the arm)")
+            same = ("name", "num_spec_tokens", "model", "options", "replay", "targets", "datasets", "batch_sizes")
+            diff = [f for f in same if getattr(m, f) != getattr(twin, f)]
+            if diff:
+                raise ValueError(f"methods.{m.label}.aa_of: an A/A twin must equal {m.aa_of!r} but for its label "
+                                 f"(differs in {diff})")
+        if self.order == "abba" and self.repeats % 2:
+            raise ValueError(f"order: 'abba' runs each block's arms forward then backward: repeats must be even "
+                             f"(got {self.repeats})")
         engines: dict[str, str] = {}
         for m in self.methods:
-            key = m.engine_label if m.replay else m.label
+            key = self.engine_name(m)
             if engines.setdefault(key, m.engine_key()) != m.engine_key():
                 raise ValueError(f"methods.{m.label}: engine {key!r} is configured twice differently "
                                  "(give one of them another label)")
@@ -455,8 +490,22 @@ class SweepConfig:
         base = resolve(self.results_dir) if self.results_dir else SWEEPS_DIR
         return base / self.name
 
+    def engine_name(self, method: MethodConfig) -> str:
+        """The engine a method's cells run on: its engine label for a replay (replays of one engine share it),
+        else its label; an A/A twin runs on its method's."""
+        if method.aa_of is not None:
+            method = next(m for m in self.methods if m.label == method.aa_of)
+        return method.engine_label if method.replay else method.label
+
     def cells(self) -> list[Cell]:
-        """All cells in run order: grouped by (model, method), baseline first."""
+        """All cells in run order: per engine start, grouped by engine, baseline first (order ``abba``: see
+        :func:`abba_order`)."""
+        out = []
+        for start in range(self.engine_starts):
+            out += self._cells_of_start(start)
+        return abba_order(out, self) if self.order == "abba" else out
+
+    def _cells_of_start(self, start: int) -> list[Cell]:
         out = []
         methods = sorted(self.methods, key=lambda m: m.spec.is_sd)
         for model in self.models:
@@ -477,11 +526,30 @@ class SweepConfig:
                                             repeat=rep, batch_mode=self.batch_mode,
                                             warmup_requests=self.warmup_requests, num_requests=n,
                                             warmup_scope=self.warmup_scope, engine=self.engine,
-                                            seed=self.seed))
+                                            seed=self.seed, start=start, engine_name=self.engine_name(method)))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def abba_order(cells: list[Cell], sweep: SweepConfig) -> list[Cell]:
+    """``cells`` in interleaved order: engine starts one after another; within a start the engines in config
+    order (baseline first) at even starts and reversed at odd ones; within an engine, (model, dataset, batch size)
+    blocks in config order, and in each block the arms sharing the engine forward at even repeats and backward
+    at odd ones (A B B A). So an arm's two repeats straddle the others', and each engine start's no-SD baseline
+    runs first or last alike."""
+    groups = list(dict.fromkeys((c.model.name, c.group[1]) for c in cells))
+    labels = [m.label for m in sorted(sweep.methods, key=lambda m: m.spec.is_sd)]
+    wl_index = {w.label: i for i, w in enumerate(sweep.workloads)}
+
+    def key(c: Cell):
+        g = groups.index((c.model.name, c.group[1]))
+        arm = labels.index(c.method.label)
+        return (c.start, g if c.start % 2 == 0 else -g, wl_index[c.workload.label], c.batch_size, c.repeat,
+                arm if c.repeat % 2 == 0 else -arm)
+
+    return sorted(cells, key=key)
 
 
 _UNKNOWN = ("unexpected_keyword_argument", "extra_forbidden")

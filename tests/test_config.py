@@ -215,3 +215,50 @@ def test_shape_fingerprint_is_stable_while_another_process_writes_the_shape(tmp_
         t.join()
     assert len(seen) == 1
     assert {f.name: f.stat().st_mtime_ns for f in d.iterdir()} == before  # same text: nothing rewritten
+
+
+# ---------------------------------------------------------------------------
+# the powered design: engine starts, interleaved (A B B A) order, A/A twins
+# ---------------------------------------------------------------------------
+POWERED = {"name": "p", "models": [{"path": "/m", "name": "m"}],
+           "workloads": [{"dataset": "gsm8k", "source": "reference", "full_traces": True}],
+           "batch_sizes": [1, 8], "engine": {"pin_target": True},
+           "methods": [{"name": "none"}, {"name": "eagle3", "model": "/h", "replay": "fixed"},
+                       {"name": "eagle3", "model": "/h", "replay": "combine"},
+                       {"name": "eagle3", "model": "/h", "replay": "fixed", "label": "eagle3-k3-fixed-AA",
+                        "aa_of": "eagle3-k3-fixed"}]}
+
+
+def test_engine_starts_give_each_engine_its_own_cells_and_run_ids():
+    one = parse_sweep({**POWERED, "engine_starts": 1})
+    two = parse_sweep({**POWERED, "engine_starts": 2})
+    assert len(two.cells()) == 2 * len(one.cells())
+    # start 0 keeps the run ids a sweep without engine_starts had; start 1 cells are new ones, marked s1
+    assert [c.run_id for c in two.cells() if c.start == 0] == [c.run_id for c in one.cells()]
+    assert all("__r0s1__" in c.run_id for c in two.cells() if c.start == 1)
+    assert {c.group for c in two.cells()} == {("m", "none", 0), ("m", "eagle3-k3", 0), ("m", "none", 1),
+                                             ("m", "eagle3-k3", 1)}  # the A/A twin shares its arm's engine
+
+
+def test_abba_order_interleaves_arms_and_reverses_engines_on_odd_starts():
+    s = parse_sweep({**POWERED, "engine_starts": 2, "repeats": 2, "order": "abba"})
+    cells = s.cells()
+    groups = list(dict.fromkeys(c.group for c in cells))
+    assert groups == [("m", "none", 0), ("m", "eagle3-k3", 0), ("m", "eagle3-k3", 1), ("m", "none", 1)]
+    block = [(c.method.label, c.repeat) for c in cells if c.group == ("m", "eagle3-k3", 0) and c.batch_size == 1]
+    assert block == [("eagle3-k3-fixed", 0), ("eagle3-k3-combine", 0), ("eagle3-k3-fixed-AA", 0),
+                     ("eagle3-k3-fixed-AA", 1), ("eagle3-k3-combine", 1), ("eagle3-k3-fixed", 1)]
+    assert sorted(c.run_id for c in cells) == sorted(c.run_id for c in parse_sweep(
+        {**POWERED, "engine_starts": 2, "repeats": 2}).cells())  # the order changes no cell
+    with pytest.raises(ConfigError, match="repeats must be even"):
+        parse_sweep({**POWERED, "order": "abba"})
+
+
+def test_an_aa_twin_must_equal_its_arm():
+    bad = [dict(m) for m in POWERED["methods"]]
+    bad[3]["num_spec_tokens"] = 5
+    with pytest.raises(ConfigError, match="differs in"):
+        parse_sweep({**POWERED, "methods": bad})
+    bad[3] = {**POWERED["methods"][3], "aa_of": "nope"}
+    with pytest.raises(ConfigError, match="aa_of"):
+        parse_sweep({**POWERED, "methods": bad})

@@ -134,7 +134,7 @@ def test_config_rules_for_replay():
     labels = [m.label for m in s.methods]
     assert labels == ["none", "eagle3-k3-fixed", "eagle3-k3-combine"]
     groups = {c.group for c in s.cells()}
-    assert groups == {("m", "none"), ("m", "eagle3-k3")}  # the two replay policies share one engine
+    assert groups == {("m", "none", 0), ("m", "eagle3-k3", 0)}  # the two replay policies share one engine
     with pytest.raises(ConfigError, match="pin_target"):
         parse_sweep({**BASE, "engine": {}, "methods": [{"name": "ngram", "replay": "fixed"}]})
     with pytest.raises(ConfigError, match="full_traces"):

@@ -114,6 +114,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "batch_size": cell.batch_size,
         "batch_mode": cell.batch_mode,
         "repeat": cell.repeat,
+        "engine_start": cell.start,
         "num_requests": len(result.requests),
         "output_tokens": out_tokens,
         "wall_s": result.wall_s,

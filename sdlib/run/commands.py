@@ -88,7 +88,7 @@ def cmd_sweep(args) -> int:
         preflight(sweep)
         groups = plan(sweep, SweepStore(sweep.out_dir), retry_failed=not args.skip_failed)
         n = 0
-        for (model, eng), cells in groups.items():
+        for (model, eng, start), cells in groups.items():
             cells = [c for c in cells if (not methods or eng in methods or c.method.label in methods
                                           or c.method.name in methods)
                      and (not only.get("batch_sizes") or c.batch_size in only["batch_sizes"])
@@ -96,7 +96,7 @@ def cmd_sweep(args) -> int:
             if not cells:
                 continue
             n += len(cells)
-            print(f"engine {model} / {eng}: {len(cells)} cell(s)")
+            print(f"engine {model} / {eng}" + (f" (start {start})" if start else "") + f": {len(cells)} cell(s)")
             for c in cells:
                 print(f"  {c.run_id}")
         print(f"{sweep.name}: would run {n} cell(s); results in {sweep.out_dir} (dry run: nothing started)")

@@ -143,8 +143,10 @@ def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: boo
     run_dir = store.dir / ".run"
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
     try:
-        for (model_name, method_label), cells in groups.items():
-            tag = f"{model_name}__{method_label}"
+        for (model_name, method_label, start), cells in groups.items():
+            tag = f"{model_name}__{method_label}" + (f"__start{start}" if start else "")
+            if start:
+                method_label = f"{method_label} (start {start})"
             spec_path, env_out = run_dir / f"{tag}.spec.json", run_dir / f"{tag}.env.json"
             env_out.unlink(missing_ok=True)
             write_json_atomic({"sweep": sweep.to_dict(), "run_ids": [c.run_id for c in cells],

@@ -32,7 +32,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from sdlib.config import (ConfigError, MethodConfig, ModelConfig, WorkloadConfig, _one_line, _slug, check_name,
+from sdlib.config import (SERVING_ADDED_FIELDS, ConfigError, MethodConfig, ModelConfig, WorkloadConfig, _key_dict,
+                           _one_line, _slug, check_name,
                           model_fingerprint)
 from sdlib.paths import DATA_DIR, resolve
 
@@ -177,7 +178,8 @@ class ServingCell:
         """Everything that defines the cell's result (hashed into run_id)."""
         d = {
             "kind": self.kind, "model": dataclasses.asdict(self.model),
-            "backends": [dataclasses.asdict(b) for b in self.backends], "rule": self.rule, "routes": self.routes,
+            "backends": [_key_dict(b, SERVING_ADDED_FIELDS) for b in self.backends], "rule": self.rule,
+            "routes": self.routes,
             "default": self.default, "threshold": self.threshold, "rate": self.rate, "repeat": self.repeat,
             "traffic": {k: v for k, v in dataclasses.asdict(self.traffic).items()
                         if k not in ("rates", "client_nice", "min_duration_s")},

@@ -30,6 +30,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("batch_size", "Int64", "B: requests in flight (closed_loop) or copies of one prompt (paper)"),
         ("batch_mode", "string", "closed_loop or paper"),
         ("repeat", "Int64", "repeat index, 0-based"),
+        ("engine_start", "Int64", "which start of the cell's engine ran it, 0-based (sweep engine_starts; 0 in tables written before it)"),
         ("num_requests", "Int64", "requests measured (warm-up excluded)"),
         ("output_tokens", "Int64", "output tokens of the measured requests"),
         ("wall_s", "float64", "wall time from first admission to last completion, s"),
@@ -193,8 +194,16 @@ def columns(table: str) -> list[str]:
     return [c for c, _, _ in TABLES[table]]
 
 
+#: Columns added after tables were committed, with the value a table written before them means.
+ADDED_COLUMNS: dict[tuple[str, str], object] = {("runs", "engine_start"): 0}
+
+
 def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns."""
+    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns (a column of
+    :data:`ADDED_COLUMNS` that a table written before it lacks takes its documented value)."""
+    for (t, c), value in ADDED_COLUMNS.items():
+        if t == table and c not in df.columns:
+            df = df.assign(**{c: value})
     missing = [c for c in columns(table) if c not in df.columns]
     if missing:
         raise KeyError(f"{table}: missing columns {missing}")
