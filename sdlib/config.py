@@ -405,8 +405,8 @@ class SweepConfig:
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer
     requests_per_slot: Optional[StrictInt] = Field(None, ge=1)
     # every engine is started this many times (a fresh process each), its cells run on each start; with order
-    # "abba" the starts alternate the engines' order and, within an engine, (dataset, batch size) blocks run their
-    # arms forward at repeat 0 and backward at repeat 1 (A B B A), so drift over time hits every arm alike
+    # "abba" the starts alternate the engines' order and, within an engine, each (dataset, batch size) block runs
+    # its arms forward and backward in turn (over repeats and starts: A B | B A), so drift hits every arm alike
     engine_starts: StrictInt = Field(1, ge=1)
     order: Literal["config", "abba"] = "config"
     results_dir: Optional[str] = None  # default: data/sweeps
@@ -466,9 +466,9 @@ class SweepConfig:
             if diff:
                 raise ValueError(f"methods.{m.label}.aa_of: an A/A twin must equal {m.aa_of!r} but for its label "
                                  f"(differs in {diff})")
-        if self.order == "abba" and self.repeats % 2:
-            raise ValueError(f"order: 'abba' runs each block's arms forward then backward: repeats must be even "
-                             f"(got {self.repeats})")
+        if self.order == "abba" and self.repeats * self.engine_starts % 2:
+            raise ValueError("order: 'abba' runs each block's arms forward, then backward: it needs an even number of "
+                             f"runs per arm (repeats x engine_starts, got {self.repeats} x {self.engine_starts})")
         engines: dict[str, str] = {}
         for m in self.methods:
             key = self.engine_name(m)
@@ -536,9 +536,9 @@ class SweepConfig:
 def abba_order(cells: list[Cell], sweep: SweepConfig) -> list[Cell]:
     """``cells`` in interleaved order: engine starts one after another; within a start the engines in config
     order (baseline first) at even starts and reversed at odd ones; within an engine, (model, dataset, batch size)
-    blocks in config order, and in each block the arms sharing the engine forward at even repeats and backward
-    at odd ones (A B B A). So an arm's two repeats straddle the others', and each engine start's no-SD baseline
-    runs first or last alike."""
+    blocks in config order, and in each block the arms sharing the engine forward when repeat + start is even and
+    backward when it is odd (A B | B A). So an arm's runs straddle the others', and each engine start's no-SD
+    baseline runs first or last alike."""
     groups = list(dict.fromkeys((c.model.name, c.group[1]) for c in cells))
     labels = [m.label for m in sorted(sweep.methods, key=lambda m: m.spec.is_sd)]
     wl_index = {w.label: i for i, w in enumerate(sweep.workloads)}
@@ -547,7 +547,7 @@ def abba_order(cells: list[Cell], sweep: SweepConfig) -> list[Cell]:
         g = groups.index((c.model.name, c.group[1]))
         arm = labels.index(c.method.label)
         return (c.start, g if c.start % 2 == 0 else -g, wl_index[c.workload.label], c.batch_size, c.repeat,
-                arm if c.repeat % 2 == 0 else -arm)
+                arm if (c.repeat + c.start) % 2 == 0 else -arm)
 
     return sorted(cells, key=key)
 

@@ -250,8 +250,12 @@ def test_abba_order_interleaves_arms_and_reverses_engines_on_odd_starts():
                      ("eagle3-k3-fixed-AA", 1), ("eagle3-k3-combine", 1), ("eagle3-k3-fixed", 1)]
     assert sorted(c.run_id for c in cells) == sorted(c.run_id for c in parse_sweep(
         {**POWERED, "engine_starts": 2, "repeats": 2}).cells())  # the order changes no cell
-    with pytest.raises(ConfigError, match="repeats must be even"):
+    with pytest.raises(ConfigError, match="even number of runs per arm"):
         parse_sweep({**POWERED, "order": "abba"})
+    # one repeat on two engine starts: the second start runs each block's arms backward
+    s2 = parse_sweep({**POWERED, "engine_starts": 2, "order": "abba"})
+    second = [c.method.label for c in s2.cells() if c.group == ("m", "eagle3-k3", 1) and c.batch_size == 1]
+    assert second == ["eagle3-k3-fixed-AA", "eagle3-k3-combine", "eagle3-k3-fixed"]
 
 
 def test_an_aa_twin_must_equal_its_arm():
