@@ -334,6 +334,7 @@ class Cell:
     engine: Optional[EngineConfig] = None  # the sweep's engine settings (part of the cell's identity)
     seed: StrictInt = 0  # the sweep's engine seed
     start: StrictInt = 0  # which start of its engine runs the cell (sweep engine_starts)
+    warmup_tokens: Optional[StrictInt] = None  # warm-up requests' output length (None: the workload's)
     engine_name: Optional[str] = None  # the engine the cell runs on (default: the method's; A/A twins share)
 
     def key(self) -> dict[str, Any]:
@@ -354,6 +355,8 @@ class Cell:
             key["warmup_scope"] = self.warmup_scope
         if self.start:
             key["engine_start"] = self.start
+        if self.warmup_tokens is not None:
+            key["warmup_tokens"] = self.warmup_tokens
         # everything else that can change a measurement: the engine's settings and seed
         engine = dataclasses.asdict(self.engine) if self.engine is not None else {}
         engine.pop("startup_timeout_s", None)
@@ -401,6 +404,10 @@ class SweepConfig:
     # "cell": warm up before every cell; "batch_size": once per (engine, batch size), with the cell's prompts
     # (cheaper on a GPU; graph capture and JIT depend on shapes, not prompts)
     warmup_scope: Literal["cell", "batch_size"] = "cell"
+    # warm-up a full batch: max(warmup_requests, B) requests of this many output tokens each, so the batch shape B
+    # (its CUDA graphs, JIT kernels) is warm before the window, at little cost (None: warmup_requests requests of
+    # the workload's output length, at min(B, warmup_requests) in flight)
+    warmup_tokens: Optional[StrictInt] = Field(None, ge=1)
     # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer
     requests_per_slot: Optional[StrictInt] = Field(None, ge=1)
@@ -526,7 +533,8 @@ class SweepConfig:
                                             repeat=rep, batch_mode=self.batch_mode,
                                             warmup_requests=self.warmup_requests, num_requests=n,
                                             warmup_scope=self.warmup_scope, engine=self.engine,
-                                            seed=self.seed, start=start, engine_name=self.engine_name(method)))
+                                            seed=self.seed, start=start, engine_name=self.engine_name(method),
+                                            warmup_tokens=self.warmup_tokens))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -78,6 +78,22 @@ def test_truncation_caps_acceptance_by_tokens_left():
     assert plan.gains() == [1, 1, 1, 2] and sum(plan.gains()) == 5  # p=3 gains 2 and ends at L
 
 
+def test_fixed_k_below_the_engines_k_by_label():
+    """fixed-ngram-k3 on a K = 10 engine drafts what fixed k = 3 drafts (the n-gram path with FULL graphs charges
+    what is drafted); its drafter must be the method's trace list and its k at most K."""
+    from sdlib.core.registry import PolicyRef, replay_ref
+
+    prep = _prep()
+    a = replay_plans(prep, "ngram", "fixed-ngram-k3", 10)
+    b = replay_plans(prep, "ngram", "fixed", 3)
+    assert all((x.pos == y.pos).all() and (x.proposed == y.proposed).all() for x, y in zip(a, b))
+    assert replay_ref("fixed-ngram-k3", "ngram", 10) == PolicyRef("fixed", "ngram", 3)
+    with pytest.raises(ValueError, match="replays the ngram lists"):
+        replay_ref("fixed-eagle3-k3", "ngram", 10)
+    with pytest.raises(ValueError, match="more than the engine's K"):
+        replay_ref("fixed-ngram-k5", "ngram", 3)
+
+
 def test_unknown_policy_and_method_are_errors():
     with pytest.raises(ValueError, match="policy"):
         replay_plans(_prep(), "eagle3", "sometimes", 3)

@@ -9,7 +9,7 @@ import pytest
 from sdlib.config import ConfigError, load_sweep, parse_sweep
 from sdlib.sim.prepared import prepare_traces
 import sdlib.sim.policy  # noqa: F401  (registers the policies)
-from sdlib.core.registry import policy_spec, replay_names, replay_ref
+from sdlib.core.registry import POLICIES, replay_names, replay_ref, resolve_policy
 from sdlib.sim.prepared import truncate_traces
 from sdlib.sim.replay import replay_plans, replay_steps
 
@@ -32,11 +32,17 @@ def _prep():
     return truncate_traces(prepare_traces(pd.DataFrame(rows), keep_tokens=True), 20)
 
 
-@pytest.mark.parametrize("policy", [p for p in replay_names() if "predictor" not in policy_spec(p).needs])
+def _spec(name):
+    return POLICIES[name] if name in POLICIES else resolve_policy(name).spec
+
+
+# every replayable spec and drafter-of-its-own label (the k-below-K labels: tests/test_replay.py)
+@pytest.mark.parametrize("policy", [p for p in replay_names() if (p in POLICIES or resolve_policy(p).k is None)
+                                    and "predictor" not in _spec(p).needs])
 @pytest.mark.parametrize("K", [2, 5])
 def test_plans_follow_the_engine_contract(policy, K):
     prep = _prep()
-    for method in policy_spec(policy).replays_on:
+    for method in _spec(policy).replays_on:
         for B in (1, 8, 128):
             for plan, L in zip(replay_plans(prep, method, policy, K, batch_size=B), prep.output_len):
                 assert (plan.proposed <= K).all() and (plan.accepted <= plan.proposed).all()

@@ -305,23 +305,33 @@ def simulated_names() -> list[str]:
 
 def replay_ref(policy: str, method: str, K: int) -> PolicyRef:
     """The instance a trace replay of ``policy`` (a config's ``methods.*.replay``) stands for on ``method``'s
-    engine with ``num_speculative_tokens = K``: a spec that takes the method's drafter gets the method's trace
-    list, one that takes k gets K; a label (``online-ngram``) is its instance."""
+    engine with ``num_speculative_tokens = K``: a spec name that takes the method's drafter gets the method's
+    trace list, one that takes k gets K; a label is its instance (``online-ngram``; ``fixed-ngram-k3`` on a
+    K = 10 engine: k = 3 drafted where the engine could take 10, its drafter must be the method's trace list)."""
     spec = POLICIES.get(policy)
-    ref = PolicyRef(policy) if spec is not None else resolve_policy(policy)
+    named = spec is not None
+    ref = PolicyRef(policy) if named else resolve_policy(policy)
     spec = ref.spec
     if not spec.replays_on:
         raise RegistryError(f"replay: {policy!r} is a simulation-only policy (replayable: "
                             f"{', '.join(replay_names())})")
     if method not in spec.replays_on:
         raise RegistryError(f"replay: {policy!r} replays on methods {list(spec.replays_on)}, not on method {method!r}")
-    drafter = method_spec(method).trace if spec.replay_drafter else ref.drafter
-    return PolicyRef(spec.name, drafter, K if spec.replay_k else ref.k)
+    trace = method_spec(method).trace
+    if named:
+        return PolicyRef(spec.name, trace if spec.replay_drafter else ref.drafter, K if spec.replay_k else ref.k)
+    if spec.replay_drafter and ref.drafter != trace:
+        raise RegistryError(f"replay: {policy!r} drafts with {ref.drafter}, but method {method!r} replays the "
+                            f"{trace} lists")
+    if ref.k is not None and ref.k > K:
+        raise RegistryError(f"replay: {policy!r} drafts {ref.k} tokens, more than the engine's K = {K}")
+    return ref
 
 
 def replay_names() -> list[str]:
-    """What a config's ``methods.*.replay`` may name: replayable spec names, and the labels of replayable
-    instances with a drafter of their own (``online-ngram``)."""
+    """What a config's ``methods.*.replay`` may name: replayable spec names, the labels of replayable instances
+    with a drafter of their own (``online-ngram``), and the labels of instances with a k of their own
+    (``fixed-ngram-k3``: k below an engine's K)."""
     out = []
     for spec in POLICIES.values():
         if not spec.replays_on:
@@ -329,6 +339,8 @@ def replay_names() -> list[str]:
         out.append(spec.name)
         if not spec.replay_drafter:  # instances with a drafter of their own
             out += [r.label for r in spec.refs() if r.drafter is not None and r.k is None]
+        if spec.replay_k:  # instances with a k of their own
+            out += [r.label for r in spec.refs() if r.k is not None]
     return list(dict.fromkeys(out))
 
 

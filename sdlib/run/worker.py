@@ -139,8 +139,15 @@ def run_group(spec: dict[str, Any]) -> int:
 
             if cell.warmup_requests and (cell.warmup_scope == "cell" or cell.batch_size not in warmed):
                 warmed.add(cell.batch_size)
-                warm = prompts[: cell.warmup_requests]
-                drive(engine, warm, min(cell.batch_size, len(warm)), params, id_prefix=f"warm-{cell.run_id}-")
+                if cell.warmup_tokens is None:
+                    warm = prompts[: cell.warmup_requests]
+                    drive(engine, warm, min(cell.batch_size, len(warm)), params, id_prefix=f"warm-{cell.run_id}-")
+                else:  # a full batch of short requests: the shape B warm at little cost
+                    n_warm = max(cell.warmup_requests, cell.batch_size)
+                    warm = [prompts[i % len(prompts)] for i in range(n_warm)]
+                    drive(engine, warm, cell.batch_size,
+                          lambda p: vc.delta_sampling_params(cell.warmup_tokens, wl.temperature, wl.seed, wl.ignore_eos),
+                          id_prefix=f"warm-{cell.run_id}-")
             started_at = utc_now()
             if timers is not None:
                 timers.reset()
