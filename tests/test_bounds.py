@@ -10,7 +10,8 @@ import pytest
 from sdlib.analysis.measures import crossover_table
 from sdlib.plots import bounds as BP
 from sdlib.sim import bounds as BND
-from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel, find_cost_models, load_cost_models
+from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel
+from sdlib.sim.costmodels import find_cost_models, load_cost_models
 from sdlib.sim.oracle import simulate
 
 # T(kv, n) = 1 + 0.1*n, EAGLE drafting 0.5 s, n-gram drafting 0.1*T (as in test_oracle)

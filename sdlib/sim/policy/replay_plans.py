@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from sdlib.sim.policy.baselines import NgramOrEagle, SpecDecodeAdaptive, _plain_decode, dynamic_sd_k, sglang_steps
 from sdlib.sim.oracle import PreparedTraces, step_records
+from sdlib.sim.policy.training import REFERENCE_PREDICTOR
 from sdlib.sim.policy.walk import Capped, Policy, PolicyInputs, PolicySteps, from_step_records, walk
 
 #: Replay policy -> methods (engine paths) it can be replayed on.
@@ -36,7 +37,7 @@ POLICY_METHODS = {"online": ("eagle3",), "online-at-k": ("eagle3",), "online-ngr
 #: Policies whose steps use both drafters: the engine runs vLLM's n-gram look-up beside EAGLE-3.
 MIXED = ("online", "online-at-k", "ngram-eagle", "ngram-eagle-long", "arctic")
 REPLAY_COST_MODEL = "h200_replay_engine"
-REPLAY_PREDICTOR = "data/predictors/online_reference.json"
+REPLAY_PREDICTOR = REFERENCE_PREDICTOR
 #: Replay policies whose plans read those two files (a sweep cell's key hashes them: sdlib.config).
 ONLINE_REPLAYS = ("online", "online-at-k", "online-ngram")
 #: #24344's settings (n-gram k, EAGLE k) and issue #13's long variant's.
@@ -52,12 +53,12 @@ def _online(inp: PolicyInputs, K: int, batch_size: int, at_k: bool = False, vari
     from sdlib.paths import resolve
     from sdlib.sim.policy.features import add_features
     from sdlib.sim.policy.online import OnlinePolicy
-    from sdlib.sim.policy.cli import cost_model_of
+    from sdlib.sim.costmodels import load_cost_model
     from sdlib.sim.policy.training import load_predictor
 
     add_features(inp)
     pred = load_predictor(resolve(REPLAY_PREDICTOR), inp)
-    return OnlinePolicy(pred.models, [cost_model_of(REPLAY_COST_MODEL)], [batch_size], variant=variant, kmax=K,
+    return OnlinePolicy(pred.models, [load_cost_model(REPLAY_COST_MODEL)], [batch_size], variant=variant, kmax=K,
                         model_of_request=pred.model_of_request(), engine_k=K if at_k else None)
 
 
