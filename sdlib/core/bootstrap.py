@@ -128,20 +128,18 @@ def block_sums(x: np.ndarray, nb: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- two levels
 def _cluster_draws(sizes: Sequence[int], n_boot: int, gen: np.random.Generator, resample_clusters: bool):
-    """Clusters per replicate slot, then per cluster ``c``: the slots that drew it and their unit counts.
+    """Clusters per replicate slot, then per cluster ``c``: the slots that drew it and their unit draws.
 
     Draw order (what a slow loop must reproduce): the (n_boot, C) cluster draws first, then per cluster in
     order, ``integers(0, n_c, (m_c, n_c))`` for the ``m_c`` slots (row-major) that drew it."""
-    sizes = [int(s) for s in sizes]
     C = len(sizes)
     cl = gen.integers(0, C, size=(n_boot, C)) if resample_clusters else np.tile(np.arange(C), (n_boot, 1))
-    out = []
+    draws = []
     for c, nc in enumerate(sizes):
         mask = cl == c
         m = int(mask.sum())
-        cnt = counts(gen.integers(0, nc, size=(m, nc)), nc) if m and nc else np.zeros((m, nc))
-        out.append((c, mask, cnt))
-    return cl, out
+        draws.append((mask, gen.integers(0, nc, size=(m, nc)) if m and nc else np.zeros((m, nc), dtype=np.int64)))
+    return cl, draws
 
 
 def cluster_weights(sizes: Sequence[int], n_boot: int, gen: np.random.Generator,
@@ -149,27 +147,27 @@ def cluster_weights(sizes: Sequence[int], n_boot: int, gen: np.random.Generator,
     """(n_boot, sum(sizes)): two-level weights of units laid out cluster after cluster (``sizes[c]`` units in
     cluster ``c``): clusters drawn with replacement (or kept, ``resample_clusters=False``), then units within
     each drawn cluster. A cluster drawn twice adds both draws' counts."""
-    sizes = [int(s) for s in sizes]
-    start = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    W = np.zeros((n_boot, int(start[-1])))
+    sizes = [int(n) for n in sizes]
+    start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    N = int(start[-1])
     _, draws = _cluster_draws(sizes, n_boot, gen, resample_clusters)
-    for c, mask, cnt in draws:
-        if cnt.size:
-            np.add.at(W[:, start[c]:start[c + 1]], np.nonzero(mask)[0], cnt)
-    return W
+    flat = [(np.nonzero(mask)[0][:, None] * N + start[c] + idx).ravel() for c, (mask, idx) in enumerate(draws)]
+    flat = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
+    return np.bincount(flat, minlength=n_boot * N).reshape(n_boot, N).astype(float)
 
 
 def cluster_stats(sizes: Sequence[int], n_boot: int, gen: np.random.Generator,
                   stat: Callable[[int, np.ndarray], np.ndarray], resample_clusters: bool = True) -> np.ndarray:
-    """(n_boot, C, ...): per replicate and slot, ``stat(c, counts)`` of the cluster ``c`` drawn into it, where
-    ``counts`` (m, sizes[c]) are the unit counts of the ``m`` slots that drew ``c`` and ``stat`` returns one
-    row per slot. The draws are :func:`cluster_weights`'s (same generator state, same numbers)."""
+    """(n_boot, C, ...): per replicate and slot, ``stat(c, W)`` of the cluster ``c`` drawn into it, where ``W``
+    (m, sizes[c]) are the unit counts of the ``m`` slots that drew ``c`` and ``stat`` returns one row per
+    slot. The draws are :func:`cluster_weights`'s (same generator state, same numbers)."""
+    sizes = [int(n) for n in sizes]
     cl, draws = _cluster_draws(sizes, n_boot, gen, resample_clusters)
     out = None
-    for c, mask, cnt in draws:
+    for c, (mask, idx) in enumerate(draws):
         if not mask.any():
             continue
-        v = np.asarray(stat(c, cnt), dtype=float)
+        v = np.asarray(stat(c, counts(idx, sizes[c])), dtype=float)
         if out is None:
             out = np.full(cl.shape + v.shape[1:], np.nan)
         out[mask] = v
