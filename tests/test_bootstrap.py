@@ -1,6 +1,6 @@
 """sdlib.core.bootstrap: the seeding rule, weights equal to explicit resampling (a slow loop over the same draws),
 blocks by hand, paired identical arms exactly 1, the two-level scheme with one cluster equal to the plain one,
-and coverage on synthetic normal samples (deterministic by seed, a few seconds)."""
+and coverage on synthetic normal samples (deterministic by seed, about a second)."""
 
 import numpy as np
 import pytest
@@ -77,6 +77,19 @@ def test_two_levels_with_one_cluster_are_the_plain_bootstrap():
     assert (B.cluster_weights([9], 200, B.rng("c"), resample_clusters=False) == W).all()
     st = B.cluster_stats([9], 200, B.rng("c"), lambda c, cnt: cnt @ np.arange(9.0))
     assert st.shape == (200, 1) and (st[:, 0] == W @ np.arange(9.0)).all()
+
+
+def test_cluster_ratio_interval():
+    g = np.random.default_rng(3)
+    x, y = g.lognormal(size=30), g.lognormal(size=30)
+    # one cluster: the plain paired interval, draw for draw
+    assert B.cluster_ratio_interval(x, y, np.zeros(30), B.rng("r")) == B.paired_ratio_interval(x, y, B.rng("r"))
+    # units are laid out cluster by cluster (stable): the same as cluster_weights on the sorted units
+    c = np.tile([2, 0, 1], 10)
+    o = np.argsort(c, kind="stable")
+    W = B.cluster_weights([10, 10, 10], B.N_BOOT, B.rng("r"))
+    assert B.cluster_ratio_interval(x, y, c, B.rng("r")) == B.interval(B.ratio(W, x[o], y[o]))
+    assert B.cluster_ratio_interval(x, x, c, B.rng("r")) == (1.0, 1.0)
 
 
 def test_two_levels_equal_a_slow_loop():

@@ -2,8 +2,8 @@
 resampling schemes the analyses need, as weight matrices so that a replicate's statistic is a matrix product.
 
 Seeding rule: :func:`rng` ``(*key)`` is ``np.random.default_rng(np.random.SeedSequence([BASE_SEED,
-*key_ints(key)]))``. The caller passes a key that names what is resampled (the cell: e.g. ``("policy_table",
-dataset, n_requests)`` or a table's key columns); each part becomes a stable 32-bit integer (CRC-32 of its
+*key_ints(key)]))``. The caller passes a key that names what is resampled (the cell: e.g.
+``("sim.policy.table", dataset, n_requests)`` or a table's key columns); each part becomes a stable 32-bit integer (CRC-32 of its
 canonical text: numpy scalars as Python ones, whole floats as integers, None / NaN / NA as ``NA``). So a cell
 gets the same draws on every run and machine, whichever other cells are computed and in whatever order, and two
 cells share draws only when their keys are equal. Changing :data:`BASE_SEED` shows how far intervals move with
@@ -28,7 +28,8 @@ Schemes; each returns ``W`` (``n_boot`` x units): how often replicate ``b`` drew
 * :func:`cluster_weights`: two levels (a hierarchical bootstrap): clusters (engine starts, repeats) drawn
   with replacement, then the units (prompts) within each drawn cluster; ``resample_clusters=False`` draws
   within each cluster only (a stratified bootstrap: each run keeps its requests' count). With one cluster it
-  is :func:`unit_weights` draw for draw. :func:`cluster_stats` gives the same draws when the statistic is
+  is :func:`unit_weights` draw for draw; :func:`cluster_ratio_interval` is the ratio of means of paired arms
+  over engine starts and their prompts. :func:`cluster_stats` gives the same draws when the statistic is
   computed per drawn cluster (a throughput per repeat, averaged over the drawn repeats).
 
 :func:`interval` is the percentile interval (numpy's linear quantiles) of the finite replicates at ``level``.
@@ -45,7 +46,7 @@ from __future__ import annotations
 import functools
 import warnings
 import zlib
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -219,3 +220,17 @@ def paired_ratio_interval(num: np.ndarray, den: np.ndarray, gen: np.random.Gener
     if len(num) < MIN_UNITS:
         return float("nan"), float("nan")
     return interval(ratio(unit_weights(len(num), n_boot, gen), num, den), level)
+
+
+def cluster_ratio_interval(num: np.ndarray, den: np.ndarray, cluster: np.ndarray, gen: np.random.Generator,
+                           n_boot: int = N_BOOT, level: float = LEVEL) -> tuple[float, float]:
+    """Two-level interval of ``sum(num) / sum(den)`` (a ratio of means of paired arms: row ``i`` of both is one
+    unit, e.g. a prompt's SD and no-SD throughput): the clusters (``cluster[i]``, e.g. the engine start) drawn
+    with replacement, then the units within each (:func:`cluster_weights`; clusters in sorted order). With one
+    cluster it is :func:`paired_ratio_interval`. NaN with fewer than :data:`MIN_UNITS` units."""
+    num, den, cluster = np.asarray(num, dtype=float), np.asarray(den, dtype=float), np.asarray(cluster)
+    if len(num) < MIN_UNITS:
+        return float("nan"), float("nan")
+    order = np.argsort(cluster, kind="stable")
+    _, sizes = np.unique(cluster[order], return_counts=True)
+    return interval(ratio(cluster_weights(sizes, n_boot, gen), num[order], den[order]), level)
