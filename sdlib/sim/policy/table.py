@@ -195,13 +195,17 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
     EAGLE-3's fixed k are simulated)."""
     keys = ["cost_model", "dataset", "batch_size"]
     wide = per_req.set_index(keys + ["request_id", "policy"])[["sd_tok_per_s", "base_tok_per_s"]].unstack("policy")
-    cells = {c: g for c, g in wide.groupby(level=[0, 1, 2], sort=False)}
+    policies = np.asarray(wide["sd_tok_per_s"].columns)
+    sd_all, base_all = wide["sd_tok_per_s"].to_numpy(), wide["base_tok_per_s"][policies].to_numpy()
+    rows_of = wide.groupby(level=[0, 1, 2], sort=False).indices  # cell -> its rows (requests)
     sums = per_req.groupby(keys + ["policy"], sort=False)[["num_steps", "gained", "drafted"]].sum().to_dict("index")
     rows, gaps = [], []
     for cell in per_req[keys].drop_duplicates().itertuples(index=False, name=None):
-        sd, base = cells[cell]["sd_tok_per_s"], cells[cell]["base_tok_per_s"]
-        cols = list(sd.columns[sd.notna().all(axis=0).to_numpy()])
-        S, Bm = sd[cols].to_numpy(), base[cols].to_numpy()
+        sd = sd_all[rows_of[cell]]
+        ok = ~np.isnan(sd).any(axis=0)  # the policies simulated in this cell
+        cols = list(policies[ok])
+        # C order: a column's mean sums its requests in the order it always did (the same bits)
+        S, Bm = np.ascontiguousarray(sd[:, ok]), np.ascontiguousarray(base_all[rows_of[cell]][:, ok])
         cm, ds, B = cell
         W = _boot_weights(ds, len(S), n_boot)
         first = {}  # policies share the no-SD runs of one output length: one product per distinct column
