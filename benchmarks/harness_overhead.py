@@ -36,6 +36,7 @@ def main() -> int:
 
     from sdlib.vllm import compat as vc
     from sdlib.config import parse_sweep
+    from sdlib.core import bootstrap
     from sdlib.run.driver import drive
     from sdlib.paths import MODELS_DIR
     from sdlib.extract.tables import build_tables
@@ -83,7 +84,8 @@ def main() -> int:
         r_off.append(off())
         r_on.append(on())
     m_off, m_on = statistics.mean(r_off), statistics.mean(r_on)
-    lo, hi = paired_ratio_interval(r_on, r_off)
+    # on and off of a repeat ran back to back on the same engine: drawn together
+    lo, hi = bootstrap.paired_ratio_interval(r_on, r_off, bootstrap.rng("harness_overhead", a.method))
     verdict = ("the interval includes 1: no overhead (or gain) is established" if lo <= 1 <= hi
                else f"extraction {'slows' if hi < 1 else 'speeds up'} generation (interval excludes 1)")
     lines = [
@@ -99,19 +101,6 @@ def main() -> int:
     if a.out:
         write_markdown(a.out, lines, sys.argv)
     return 0
-
-
-def paired_ratio_interval(on: list[float], off: list[float], n_boot: int = 5000, level: float = 0.95,
-                          seed: int = 0) -> tuple[float, float]:
-    """Percentile interval of mean(on) / mean(off) over resamples of the repeats, on and off of a repeat
-    drawn together (they ran back to back on the same engine)."""
-    import numpy as np
-
-    x, y = np.asarray(on, float), np.asarray(off, float)
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
-    reps = x[idx].mean(axis=1) / y[idx].mean(axis=1)
-    lo, hi = np.quantile(reps, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
 
 
 def write_markdown(path: str, lines: list[str], argv: list[str]) -> Path:

@@ -30,11 +30,11 @@ def main() -> int:
     from sdlib.sim.prepared import prepare_traces
     from sdlib.sim.policy.walk import PolicyInputs
     from sdlib.core.registry import expand_policies
+    from sdlib.sim.costmodels import load_cost_model
     from sdlib.sim.policy.table import simulate_policies, summarise
     from sdlib.sim.prepared import truncate_traces
-    from sdlib.sim.policy.cli import REFERENCE_PREDICTOR, cost_model_of
     from sdlib.sim.traces import load_reference_traces
-    from sdlib.sim.policy.training import load_predictor
+    from sdlib.sim.policy.training import REFERENCE_PREDICTOR, load_predictor
 
     times = {}
     t = time.perf_counter()
@@ -55,7 +55,7 @@ def main() -> int:
     add_suffix_features(inp)
     suffix_s = time.perf_counter() - t
     predictor = load_predictor(resolve(REFERENCE_PREDICTOR), inp)
-    cms = [cost_model_of(n) for n in args.cost_models.split(",")]
+    cms = [load_cost_model(n) for n in args.cost_models.split(",")]
     bs = [int(b) for b in args.batch_sizes.split(",")]
     policies = ["fixed", "oracle", "combine", "online", "online-ablations", "baselines"]
     t = time.perf_counter()

@@ -26,7 +26,7 @@ from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
 from pydantic.dataclasses import dataclass
 
 import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)
-from sdlib.core.registry import METHODS as METHOD_SPECS, RegistryError, engine_label, method_spec, replay_names, replay_ref
+from sdlib.core.registry import METHODS as METHOD_SPECS, POLICIES as POLICY_SPECS, RegistryError, engine_label, method_spec, replay_names, replay_ref
 from sdlib.paths import SWEEPS_DIR, repo_relative, resolve
 from sdlib.sim import replay as sim_replay
 
@@ -194,7 +194,9 @@ class MethodConfig:
         spec = method_spec(self.name)
         if self.replay is not None:
             if self.replay not in replay_names():
-                raise ValueError(f"replay: {self.replay!r} is not one of {replay_names()}")
+                specs = [n for n in replay_names() if n in POLICY_SPECS]
+                raise ValueError(f"replay: {self.replay!r} is not one of {specs}, online-ngram, or "
+                                 "fixed-<ngram|eagle3>-k<k>")
             if spec.trace is None:
                 raise ValueError(f"replay: method {self.name!r} cannot replay "
                                  f"(one of {[m.name for m in METHOD_SPECS.values() if m.trace]})")

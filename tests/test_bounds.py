@@ -10,7 +10,8 @@ import pytest
 from sdlib.analysis.measures import crossover_table
 from sdlib.plots import bounds as BP
 from sdlib.sim import bounds as BND
-from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel, find_cost_models, load_cost_models
+from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel
+from sdlib.sim.costmodels import find_cost_models, load_cost_models
 from sdlib.sim.oracle import simulate
 from tests.sim_reference import ref_of, refs
 

@@ -27,7 +27,7 @@ def _rows(path):
 
 @pytest.fixture(scope="module")
 def inp():
-    from sdlib.sim.policy.cli import load_traces
+    from sdlib.sim.traces import load_traces
 
     tr, k = load_traces(str(resolve(TRACE)))
     return PolicyInputs.of(truncate_traces(prepare_traces(tr, keep_tokens=True), None), k)
@@ -149,7 +149,7 @@ def test_uninformative_confidences_give_one_length_per_cost():
     """Constant confidence: every step proposes the same length, longer when drafting is cheap relative to
     the step (bs 1) than at bs 128, where verification dominates."""
     from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as cm
-    from sdlib.sim.policy.cli import load_traces
+    from sdlib.sim.traces import load_traces
     from sdlib.sim.policy.confidence import RAW, ConfidencePolicy, attach_confidences
 
     tr, k = load_traces(str(resolve(TRACE)))

@@ -42,19 +42,19 @@ def test_committed_cost_models_are_what_make_costmodels_writes():
     """data/costmodels/*.json: each listed in COMMITTED_FITS, names its producer, and refits to the same numbers."""
     from sdlib.paths import REPO_ROOT
     from sdlib.sim.costfit import COMMITTED_ENGINE_FITS, COMMITTED_FITS, fit_sweep_cost_model
-    from sdlib.sim.costmodel import CostModel
-    from sdlib.sim.engine_costs import EngineCostModel, fit_engine_cost_model
+    from sdlib.sim.costmodels import load_cost_model
+    from sdlib.sim.engine_costs import fit_engine_cost_model
 
     files = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "data" / "costmodels").glob("*.json"))
     assert files == sorted([*COMMITTED_FITS, *COMMITTED_ENGINE_FITS])
     for out, sweep in COMMITTED_ENGINE_FITS.items():
-        saved = EngineCostModel.load(REPO_ROOT / out)
+        saved = load_cost_model(REPO_ROOT / out)
         assert saved.meta["producer"].startswith("make costmodels")
         fresh = fit_engine_cost_model(sweep, saved.name)
         assert saved.alpha_s == fresh.alpha_s and saved.a_kv_s == pytest.approx(fresh.a_kv_s, rel=1e-12)
         assert saved.meta["steps_per_cell"] == fresh.meta["steps_per_cell"]
     for out, (sweep, method) in COMMITTED_FITS.items():
-        saved = CostModel.load(REPO_ROOT / out)
+        saved = load_cost_model(REPO_ROOT / out)
         assert saved.meta["producer"].startswith("make costmodels")
         fresh = fit_sweep_cost_model(sweep, saved.name, eagle_method=method)
         for f in ("target_kv_s", "target_n_s", "target_fixed_s", "eagle_kv_s", "eagle_fixed_s"):

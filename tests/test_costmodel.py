@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as A, CostModel, fit_cost_model, get_cost_model
+from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as A, CostModel, fit_cost_model
+from sdlib.sim.costmodels import load_cost_model
 
 TOY = CostModel(name="toy", target_kv_s=0.01, target_n_s=0.1, target_fixed_s=1.0, eagle_kv_s=0.001,
                 eagle_n_s=0.02, eagle_fixed_s=0.5, ngram_frac=0.1, overhead_s=0.05)
@@ -46,8 +47,7 @@ def test_draft_cost_ratio():
 def test_json_round_trip(tmp_path):
     assert CostModel.from_dict(A.to_dict()) == A
     p = A.save(tmp_path / "cm" / "a.json")
-    assert CostModel.load(p) == A
-    assert get_cost_model(p) == A and get_cost_model("authors_h100_llama8b") is A
+    assert load_cost_model(p) == A and load_cost_model("authors_h100_llama8b") is A
     with pytest.raises(KeyError):
         CostModel.from_dict({**A.to_dict(), "bogus": 1})
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from sdlib.paths import SWEEPS_DIR
-from sdlib.sim.engine_costs import (ENGINE_COST_MODEL_FILE, EngineCostModel, default_engine_cost_model,
-                                    fit_engine_cost_model, measured_vs_model)
+from sdlib.sim.costmodels import load_cost_model
+from sdlib.sim.engine_costs import ENGINE_COST_MODEL_FILE, EngineCostModel, fit_engine_cost_model, measured_vs_model
 
 SWEEP = SWEEPS_DIR / "h200_replay"
 needs_sweep = pytest.mark.skipif(not (SWEEP / "engine_steps").exists(), reason="h200_replay sweep not present")
@@ -27,8 +27,7 @@ def test_fit_reproduces_measured_cells():
 
 @needs_sweep
 def test_committed_model_is_the_fit():
-    committed = default_engine_cost_model()
-    assert committed is not None, ENGINE_COST_MODEL_FILE
+    committed = load_cost_model(ENGINE_COST_MODEL_FILE)
     fit = fit_engine_cost_model(SWEEP, name=committed.name)
     for path in ("none", "padded", "ragged"):
         np.testing.assert_allclose(committed.alpha_s[path], fit.alpha_s[path])

@@ -83,10 +83,10 @@ def toy_engine():
 
 def test_engine_model_json_round_trip(tmp_path):
     e = toy_engine()
-    from sdlib.sim.engine_costs import load_any_cost_model
+    from sdlib.sim.costmodels import load_cost_model
 
     p = e.save(tmp_path / "e.json")
-    assert load_any_cost_model(p) == e
+    assert load_cost_model(p) == e
 
 
 def test_features_by_hand_and_brute_force():

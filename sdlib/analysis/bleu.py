@@ -24,7 +24,6 @@ Usage:
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -32,6 +31,7 @@ import numpy as np
 import pandas as pd
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
+from sdlib.core import bootstrap
 from sdlib.core.registry import PolicyRef
 
 WEIGHTS = (0.25, 0.25, 0.25, 0.25)
@@ -128,8 +128,8 @@ MIN_BIN_REQUESTS = 5
 
 
 def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, reference_label: str,
-                            label_col: str = "label", width: float = 0.2, n_boot: int = 2000,
-                            level: float = 0.95) -> pd.DataFrame:
+                            label_col: str = "label", width: float = 0.2, n_boot: int = bootstrap.N_BOOT,
+                            level: float = bootstrap.LEVEL) -> pd.DataFrame:
     """Per BLEU bin: mean throughput of each label / mean throughput of ``reference_label`` - 1, over the
     bin's requests that have both (paired), with a bootstrap interval over those requests.
 
@@ -149,15 +149,10 @@ def binned_relative_speedup(per_request: pd.DataFrame, bleu: pd.DataFrame, refer
     rows = []
     for (ds, b, lab), g in pair.groupby(["dataset", "bin", label_col], observed=True):
         x, r = g["sd_tok_per_s"].to_numpy(float), g["ref_tok_per_s"].to_numpy(float)
-        lo = hi = np.nan
-        if len(g) >= 2:
-            rng = np.random.default_rng(zlib.crc32(repr((ds, str(b), lab)).encode()))
-            idx = rng.integers(0, len(g), size=(n_boot, len(g)))
-            reps = x[idx].mean(axis=1) / r[idx].mean(axis=1) - 1.0
-            lo, hi = np.quantile(reps, [(1 - level) / 2, 1 - (1 - level) / 2])
+        lo, hi = bootstrap.paired_ratio_interval(x, r, bootstrap.rng("bleu", ds, str(b), lab), n_boot, level)
         rows.append({"dataset": ds, "bin": b, "label": lab, "num_requests": len(g), "tok_per_s": x.mean(),
                      "ref_tok_per_s": r.mean(), "relative_speedup": x.mean() / r.mean() - 1.0,
-                     "relative_speedup_lo": float(lo), "relative_speedup_hi": float(hi)})
+                     "relative_speedup_lo": lo - 1.0, "relative_speedup_hi": hi - 1.0})
     out = pd.DataFrame(rows, columns=cols)
     out["bin"] = pd.Categorical(out["bin"], categories=bleu_bins([0.0], width).categories, ordered=True)
     return out

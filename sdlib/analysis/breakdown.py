@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
+from sdlib.core import bootstrap
 from sdlib.store import read_table
 from sdlib.store.schema import STEP_PHASES as PHASES
 
@@ -105,28 +107,24 @@ def pooled_shares(bt: pd.DataFrame, by: tuple[str, ...] = ("model", "method_labe
 
 
 def share_intervals(bt: pd.DataFrame, by: tuple[str, ...] = ("model", "method_label", "batch_size"),
-                    n_boot: int = 2000, level: float = 0.95) -> pd.DataFrame:
+                    n_boot: int = bootstrap.N_BOOT, level: float = bootstrap.LEVEL) -> pd.DataFrame:
     """Per group of ``by``: ``share_<p>_lo`` / ``share_<p>_hi``, a bootstrap interval of each pooled share
-    (:func:`pooled_shares`) over the group's runs (datasets, repeats), drawn with replacement. NaN where a
-    group is one run: ``step_phases`` keeps one total per run and phase, so a single run cannot be resampled."""
-    import zlib
-
-    import numpy as np
-
+    (:func:`pooled_shares`) over the group's runs (datasets, repeats), drawn with replacement (the same draws
+    for every phase; :mod:`sdlib.core.bootstrap`). NaN where a group is one run: ``step_phases`` keeps one
+    total per run and phase, so a single run cannot be resampled."""
     by = [c for c in by if c in bt.columns]
     rows = []
     for key, g in bt.groupby(by, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         row = dict(zip(by, key))
         step = g["step_s"].to_numpy(float)
-        rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
-        idx = rng.integers(0, len(g), size=(n_boot, len(g))) if len(g) >= 2 else None
+        W = bootstrap.unit_weights(len(g), n_boot, bootstrap.rng("breakdown", *key)) \
+            if len(g) >= bootstrap.MIN_UNITS else None
         for ph in SHARE_PHASES:
             lo = hi = np.nan
             v = g[f"{ph}_s"].to_numpy(float)
-            if idx is not None and np.isfinite(v).all():
-                reps = v[idx].sum(axis=1) / step[idx].sum(axis=1)
-                lo, hi = np.quantile(reps, [(1 - level) / 2, 1 - (1 - level) / 2])
+            if W is not None and np.isfinite(v).all():
+                lo, hi = bootstrap.interval(bootstrap.ratio(W, v, step), level)
             row[f"share_{ph}_lo"], row[f"share_{ph}_hi"] = float(lo), float(hi)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -3,22 +3,24 @@
 What is resampled (one *unit* per row of the resampling):
 
 * ``closed_loop`` cells: a block bootstrap over the steady window's engine steps. The window's
-  steps, in order, are cut into ``n_blocks`` contiguous blocks (block length ~ n^(1/3) steps,
-  :func:`n_blocks`); a replicate draws blocks with replacement and computes tokens / seconds over
-  them. A step's seconds are the time to the next step's start (the last step: its duration), so
+  steps, in order, are cut into ``n_blocks`` fixed contiguous blocks (block length ~ n^(1/3) steps,
+  :func:`sdlib.core.bootstrap.n_blocks`); a replicate draws blocks with replacement and computes
+  tokens / seconds over them. A step's seconds are the time to the next step's start (the last step: its duration), so
   the whole window gives exactly ``runs.tok_per_s`` (= ``window_output_tokens / window_s``).
 * ``paper`` cells: a bootstrap over batches (one prompt x B copies each); a replicate is the mean
   over the drawn batches of tokens / batch duration (from the ``requests`` table: first arrival to
   last finish of the batch), rescaled so that all batches give exactly ``runs.tok_per_s``.
 * Several repeats of a cell: a replicate first draws repeats with replacement, then units within
   each drawn repeat, and averages the repeats' throughputs (the point estimate is the mean over
-  repeats, as in :func:`sdlib.analysis.measures.throughput_table`).
+  repeats, as in :func:`sdlib.analysis.measures.throughput_table`): the two-level scheme of
+  :func:`sdlib.core.bootstrap.cluster_stats`.
 
 A speedup (SD tok/s / no-SD tok/s) is resampled *paired*: the same draws are applied to the SD
 cell and its no-SD baseline -- the same blocks by position in the window (block j of each covers
 the same share of the same admission order), or the same prompts in paper mode, and the same
 repeat indices when both have the same repeats. The interval is the percentile interval of the
-replicates (``LEVEL`` = 95%, ``N_BOOT`` replicates, seeded per cell so reruns give the same numbers).
+replicates (``LEVEL`` = 95%, ``N_BOOT`` replicates, seeded per cell so reruns give the same numbers:
+:mod:`sdlib.core.bootstrap`, whose seeding rule, replicates and level every interval of sdlib shares).
 
 What the interval does *not* hold: with one repeat, run-to-run variation (another engine start,
 another machine state) is not in it; only the cell's own step-to-step (or prompt-to-prompt)
@@ -32,7 +34,6 @@ Usage:
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -41,13 +42,9 @@ import numpy as np
 import pandas as pd
 
 from sdlib.analysis.measures import KEYS, speedup_table, throughput_table
+from sdlib.core import bootstrap
+from sdlib.core.bootstrap import LEVEL, MIN_UNITS, N_BOOT, n_blocks
 
-#: Two-sided coverage of every interval.
-LEVEL = 0.95
-#: Bootstrap replicates per cell.
-N_BOOT = 2000
-#: Fewer units than this in a cell: no interval (NaN).
-MIN_UNITS = 2
 #: What a cell's units are, by batch mode (for tables and titles).
 UNIT_NAMES = {"closed_loop": "blocks of steady-window steps", "paper": "batches (prompts)"}
 
@@ -70,14 +67,6 @@ class CellSample:
     @property
     def n(self) -> int:
         return len(self.num)
-
-
-def n_blocks(n_steps: int) -> int:
-    """Blocks a window of ``n_steps`` steps is cut into: block length ~ n^(1/3) (at least 1 step)."""
-    if n_steps < MIN_UNITS:
-        return 0
-    length = max(1, int(round(n_steps ** (1 / 3))))
-    return max(MIN_UNITS, n_steps // length)
 
 
 def _step_sample(es: pd.DataFrame) -> CellSample:
@@ -115,12 +104,15 @@ def cell_samples(runs: pd.DataFrame, engine_steps: Optional[pd.DataFrame] = None
     return out
 
 
+def _n_units(s: CellSample) -> int:
+    """Units a run's throughput is resampled over: blocks of steps, or batches."""
+    return n_blocks(s.n) if s.kind == "steps" else s.n
+
+
 def _units(s: CellSample, nb: int, keys: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, seconds) per unit: ``nb`` contiguous blocks of steps, or the batches (in ``keys`` order)."""
     if s.kind == "steps":
-        edges = np.linspace(0, s.n, nb + 1).round().astype(int)
-        cs_n, cs_d = np.concatenate([[0], np.cumsum(s.num)]), np.concatenate([[0], np.cumsum(s.den)])
-        return np.diff(cs_n[edges]), np.diff(cs_d[edges])
+        return bootstrap.block_sums(s.num, nb), bootstrap.block_sums(s.den, nb)
     if keys is None:
         return s.num, s.den
     pos = {k: i for i, k in enumerate(s.keys)}
@@ -128,67 +120,41 @@ def _units(s: CellSample, nb: int, keys: Optional[np.ndarray] = None) -> tuple[n
     return s.num[idx], s.den[idx]
 
 
-def _stat(s: CellSample, num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Throughput of each replicate (rows of ``idx``: drawn unit indices)."""
+def _rate(s: CellSample, W: np.ndarray, num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """Throughput of each replicate (rows of ``W``: unit counts): tokens / seconds over the drawn blocks, or
+    the mean of the drawn batches' rates (rescaled)."""
     if s.kind == "steps":
-        return num[idx].sum(axis=1) / den[idx].sum(axis=1)
-    return (num[idx] / den[idx]).mean(axis=1) * s.scale
+        return bootstrap.ratio(W, num, den)
+    return bootstrap.mean(W, num / den) * s.scale
 
 
-def _rng(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+def _replicates(ss: list[CellSample], gen, n_boot: int) -> np.ndarray:
+    """Two-level replicates of the mean throughput over a cell's repeats ``ss``: repeats drawn with
+    replacement, units within each (one repeat: units only); NaN where a drawn repeat has too few units."""
+    nbs = [_n_units(s) for s in ss]
+    units = [_units(s, nb) for s, nb in zip(ss, nbs)]
+
+    def stat(c, W):
+        return _rate(ss[c], W, *units[c]) if nbs[c] >= MIN_UNITS else np.full(len(W), np.nan)
+
+    return bootstrap.cluster_stats(nbs, n_boot, gen, stat).mean(axis=1)
 
 
-def _draws(rng: np.random.Generator, n_units: int, n_boot: int) -> np.ndarray:
-    return rng.integers(0, n_units, size=(n_boot, n_units))
-
-
-def _within(s: CellSample, rng, n_boot: int) -> np.ndarray:
-    """``n_boot`` within-run replicates of one run's throughput (NaN with too few units)."""
-    nb = n_blocks(s.n) if s.kind == "steps" else s.n
-    if nb < MIN_UNITS:
-        return np.full(n_boot, np.nan)
-    num, den = _units(s, nb)
-    return _stat(s, num, den, _draws(rng, nb, n_boot))
-
-
-def _within_paired(a: CellSample, b: CellSample, rng, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
-    """Paired within-run replicates of two runs (same block positions / same prompts)."""
-    nan = (np.full(n_boot, np.nan),) * 2
+def _paired_units(a: CellSample, b: CellSample):
+    """(units, (a's tokens, seconds), (b's)) on units both runs have: the same block positions (as many
+    blocks as the shorter window gives) or the same prompts; None when they cannot be paired."""
     if a.kind != b.kind:
-        return nan
+        return None
     if a.kind == "steps":
-        nb = min(n_blocks(a.n), n_blocks(b.n))
-        keys = None
+        nb, keys = min(n_blocks(a.n), n_blocks(b.n)), None
     else:
         keys = np.array(sorted(set(a.keys.tolist()) & set(b.keys.tolist())), dtype=object)
         nb = len(keys)
-    if nb < MIN_UNITS:
-        return nan
-    (an, ad), (bn, bd) = _units(a, nb, keys), _units(b, nb, keys)
-    idx = _draws(rng, nb, n_boot)
-    return _stat(a, an, ad, idx), _stat(b, bn, bd, idx)
-
-
-def _over_repeats(reps: list[np.ndarray], rng, n_boot: int, draw: Optional[np.ndarray] = None) -> np.ndarray:
-    """Two-stage replicates: draw repeats with replacement, each with its own within-run replicate,
-    average. ``reps[r]`` holds ``n_boot * len(reps)`` within-run replicates of repeat r."""
-    n_rep = len(reps)
-    if n_rep == 1:
-        return reps[0][:n_boot]
-    draw = rng.integers(0, n_rep, size=(n_boot, n_rep)) if draw is None else draw
-    mat = np.stack(reps)  # (n_rep, n_boot * n_rep)
-    col = np.arange(n_boot)[:, None] * n_rep + np.arange(n_rep)[None, :]
-    return mat[draw, col].mean(axis=1)
+    return (nb, _units(a, nb, keys), _units(b, nb, keys)) if nb >= MIN_UNITS else None
 
 
 def _interval(reps: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    reps = reps[np.isfinite(reps)]
-    if len(reps) == 0:
-        return np.nan, np.nan
-    a = (1 - level) / 2
-    lo, hi = np.quantile(reps, [a, 1 - a])
-    return float(lo), float(hi)
+    return bootstrap.interval(reps, level)
 
 
 CELL = KEYS + ["method", "method_label", "num_spec_tokens"]
@@ -208,12 +174,10 @@ def throughput_intervals(runs: pd.DataFrame, samples: dict[str, CellSample], n_b
         if not ss or any(s is None for s in ss):
             lo.append(np.nan), hi.append(np.nan), units.append(""), n_units.append(0)
             continue
-        rng = _rng("tp", *key)
-        reps = [_within(s, rng, n_boot * len(ss)) for s in ss]
-        a, b = _interval(_over_repeats(reps, rng, n_boot), level)
+        a, b = _interval(_replicates(ss, bootstrap.rng("tp", *key), n_boot), level)
         lo.append(a), hi.append(b)
         units.append(_unit_label(row.batch_mode, len(ss)))
-        n_units.append(min(n_blocks(s.n) if s.kind == "steps" else s.n for s in ss))
+        n_units.append(min(_n_units(s) for s in ss))
     tp["tok_per_s_lo"], tp["tok_per_s_hi"] = lo, hi
     tp["ci_units"], tp["n_units"] = units, n_units
     return tp
@@ -234,7 +198,7 @@ def speedup_intervals(runs: pd.DataFrame, samples: dict[str, CellSample], n_boot
         key = tuple(getattr(row, c) for c in CELL)
         g = runs[_match(runs, CELL, key)]
         base = runs[_match(runs, KEYS, key[:len(KEYS)]) & (runs["method"] == "none")]
-        a, b = _interval(_paired_speedups(g, base, samples, n_boot, _rng("sp", *key)), level)
+        a, b = _interval(_paired_speedups(g, base, samples, n_boot, bootstrap.rng("sp", *key)), level)
         lo.append(a), hi.append(b)
     sp["speedup_lo"], sp["speedup_hi"] = lo, hi
     return sp
@@ -249,14 +213,20 @@ def _paired_speedups(sd: pd.DataFrame, base: pd.DataFrame, samples: dict[str, Ce
     if any(samples.get(x) is None for x in [*sd_by.values(), *base_by.values()]):
         return np.full(n_boot, np.nan)
     if sorted(sd_by) == sorted(base_by):
-        n_rep = len(sd_by)
-        pairs = [_within_paired(samples[sd_by[r]], samples[base_by[r]], rng, n_boot * n_rep) for r in sorted(sd_by)]
-        draw = rng.integers(0, n_rep, size=(n_boot, n_rep)) if n_rep > 1 else None
-        num = _over_repeats([p[0] for p in pairs], rng, n_boot, draw)
-        den = _over_repeats([p[1] for p in pairs], rng, n_boot, draw)
-        return num / den
-    num = _over_repeats([_within(samples[x], rng, n_boot * len(sd_by)) for x in sd_by.values()], rng, n_boot)
-    den = _over_repeats([_within(samples[x], rng, n_boot * len(base_by)) for x in base_by.values()], rng, n_boot)
+        runs = [(samples[sd_by[r]], samples[base_by[r]]) for r in sorted(sd_by)]
+        pairs = [_paired_units(a, b) for a, b in runs]
+        nbs = [p[0] if p else 0 for p in pairs]
+
+        def stat(c, W):
+            if pairs[c] is None:
+                return np.full((len(W), 2), np.nan)
+            (a, b), (_, (an, ad), (bn, bd)) = runs[c], pairs[c]
+            return np.column_stack([_rate(a, W, an, ad), _rate(b, W, bn, bd)])
+
+        both = bootstrap.cluster_stats(nbs, n_boot, rng, stat).mean(axis=1)
+        return both[:, 0] / both[:, 1]
+    num = _replicates([samples[x] for x in sd_by.values()], rng, n_boot)
+    den = _replicates([samples[x] for x in base_by.values()], rng, n_boot)
     return num / den
 
 
@@ -411,15 +381,12 @@ def ratio_by_request(per_request: pd.DataFrame, group: Sequence[str], num: str, 
         key = key if isinstance(key, tuple) else (key,)
         tot_d = float(g[den].sum())
         value = offset + float(g[num].sum()) / tot_d if tot_d > 0 else np.nan
-        rng = _rng("ratio", *key)
-        bn, bd = np.zeros(n_boot), np.zeros(n_boot)
-        for _, s in g.groupby(strata, dropna=False):
-            nv, dv = s[num].to_numpy(float), s[den].to_numpy(float)
-            idx = _draws(rng, len(s), n_boot)
-            bn += nv[idx].sum(axis=1)
-            bd += dv[idx].sum(axis=1)
+        parts = [s for _, s in g.groupby(strata, dropna=False)]
+        W = bootstrap.cluster_weights([len(s) for s in parts], n_boot, bootstrap.rng("ratio", *key),
+                                      resample_clusters=False)  # requests drawn within each run
+        d = W @ np.concatenate([s[den].to_numpy(float) for s in parts])
         with np.errstate(invalid="ignore", divide="ignore"):
-            reps = offset + bn / np.where(bd > 0, bd, np.nan)
+            reps = offset + (W @ np.concatenate([s[num].to_numpy(float) for s in parts])) / np.where(d > 0, d, np.nan)
         lo, hi = _interval(reps, level) if len(g) >= MIN_UNITS and np.isfinite(value) else (np.nan, np.nan)
         rows.append({**dict(zip(group, key)), "value": value, "value_lo": lo, "value_hi": hi, "n_requests": len(g)})
     return pd.DataFrame(rows, columns=list(group) + ["value", "value_lo", "value_hi", "n_requests"])

@@ -3,7 +3,7 @@ intervals, the calibration against synthetic acceptance, and what an engine step
 
 A replay sweep runs in the paper's batch mode: each prompt is one batch of B copies, and every policy runs
 the same prompts, so a speedup pairs each policy's batch with the no-SD batch of the same prompt. The
-interval resamples prompts (paired) with replacement.
+interval resamples prompts (paired) with replacement (:mod:`sdlib.core.bootstrap`, seeded per cell).
 
 Usage:
     from sdlib.analysis.replay import method_info, batch_throughput, paired_speedups
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.config import parse_sweep
+from sdlib.core import bootstrap
 from sdlib.core.registry import engine_label, method_spec, replay_ref
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.oracle import authors_names
@@ -29,8 +30,6 @@ from sdlib.workloads import load_prompts, load_trace_table
 
 #: the no-SD method label every speedup is relative to
 BASELINE = "none"
-#: bootstrap resamples and seed for every interval here
-N_BOOT, SEED = 2000, 0
 
 
 def method_info(provenance: dict[str, Any]) -> pd.DataFrame:
@@ -100,18 +99,13 @@ def batch_throughput(runs: pd.DataFrame, requests: pd.DataFrame,
     return meta.merge(r.drop(columns=["t0", "t1"]), on="run_id")
 
 
-def _boot_ratio(num: np.ndarray, den: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
-    """95% interval of ``mean(num) / mean(den)`` resampling the pairs (rows) with replacement."""
-    if len(num) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(num), size=(n_boot, len(num)))
-    ratios = num[idx].mean(axis=1) / den[idx].mean(axis=1)
-    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+def paired_ratio(x: np.ndarray, y: np.ndarray, *key) -> tuple[float, float]:
+    """95% interval of ``mean(x) / mean(y)`` resampling the pairs (rows) with replacement, seeded by ``key``
+    (:func:`sdlib.core.bootstrap.paired_ratio_interval`); NaN with fewer than 2 pairs."""
+    return bootstrap.paired_ratio_interval(x, y, bootstrap.rng("replay", *key))
 
 
-def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, n_boot: int = N_BOOT,
-                    seed: int = SEED, baseline: str = BASELINE) -> pd.DataFrame:
+def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """Per (dataset, method label, batch size): speedup = mean tok/s / mean no-SD tok/s over the prompts both
     ran (the paper's definition, a ratio of means), with ``speedup_lo``/``speedup_hi`` (paired bootstrap over
     prompts), ``tok_per_s`` and its interval, and ``n_prompts``. ``baseline``: the method label in the
@@ -125,9 +119,9 @@ def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, n_boot: int = N_B
         common = g.index.intersection(base.index)
         num = g.loc[common, "tok_per_s"].to_numpy(float)
         den = base.loc[common, "tok_per_s"].to_numpy(float)
-        lo, hi = _boot_ratio(num, den, n_boot, seed)
+        lo, hi = paired_ratio(num, den, ds, lab, bs, baseline)
         t = g["tok_per_s"].to_numpy(float)
-        tlo, thi = _boot_ratio(t, np.ones_like(t), n_boot, seed)
+        tlo, thi = paired_ratio(t, np.ones_like(t), ds, lab, bs)
         rows.append({"dataset": ds, "method_label": lab, "batch_size": int(bs), "n_prompts": len(common),
                      "tok_per_s": float(t.mean()), "tok_per_s_lo": tlo, "tok_per_s_hi": thi,
                      "speedup": float(num.mean() / den.mean()) if len(common) else float("nan"),
@@ -154,7 +148,7 @@ def calibration_table(batches: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame
             gb = b[(b["dataset"] == ds) & (b["batch_size"] == bs)]
             m = ga.merge(gb, on="prompt_index", suffixes=("", "_syn"))
             x, y = m["tok_per_s"].to_numpy(float), m["tok_per_s_syn"].to_numpy(float)
-            lo, hi = _boot_ratio(x, y, N_BOOT, SEED)
+            lo, hi = paired_ratio(x, y, ds, bs, rep, syn)
             rows.append({"dataset": ds, "batch_size": int(bs), "replay": rep, "synthetic": syn, "kind": kind,
                          "synthetic_L": L, "replay_tok_per_s": float(x.mean()), "synthetic_tok_per_s": float(y.mean()),
                          "ratio": float(x.mean() / y.mean()), "ratio_lo": lo, "ratio_hi": hi,

@@ -13,10 +13,9 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from sdlib.analysis.replay import (N_BOOT, SEED, _boot_ratio, batch_throughput, calibration_table, error_summary,
-                                   graph_mode, harness_hiccups, hook_times, measured_stack, method_info,
-                                   paired_speedups, replay_traces, sim_vs_measured, simulator_labels,
-                                   step_costs)
+from sdlib.analysis.replay import (batch_throughput, calibration_table, error_summary, graph_mode, harness_hiccups,
+                                   hook_times, measured_stack, method_info, paired_ratio, paired_speedups,
+                                   replay_traces, sim_vs_measured, simulator_labels, step_costs)
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.replay_costs import fit_engine_steps, fits_table, refit_speedups, simulated_speedups
@@ -105,10 +104,12 @@ def graph_mode_comparison(sweep_dirs: Sequence[str | Path], labels: Sequence[str
         tok = {key: g.set_index("prompt_index")["tok_per_s"]
                for key, g in batches.groupby(["dataset", "batch_size", "method_label"])}
         vf = [_paired_ratio(tok.get((r.dataset, r.batch_size, r.method_label)),
-                            tok.get((r.dataset, r.batch_size, r.best_fixed))) for r in sp.itertuples()]
+                            tok.get((r.dataset, r.batch_size, r.best_fixed)),
+                            r.sweep, r.dataset, r.batch_size, r.method_label, r.best_fixed) for r in sp.itertuples()]
         rel = [(1.0, 1.0, 1.0) if first is None else
                _paired_ratio(tok.get((r.dataset, r.batch_size, r.method_label)),
-                             first.get((r.dataset, r.batch_size, r.method_label))) for r in sp.itertuples()]
+                             first.get((r.dataset, r.batch_size, r.method_label)),
+                             r.sweep, r.dataset, r.batch_size, r.method_label, "first") for r in sp.itertuples()]
         ratios = {f"vs_best_fixed{s}": [v[i] for v in vf] for i, s in enumerate(("", "_lo", "_hi"))}
         ratios.update({f"vs_first{s}": [v[i] for v in rel] for i, s in enumerate(("", "_lo", "_hi"))})
         out.append(sp.assign(**ratios))
@@ -120,13 +121,13 @@ def graph_mode_comparison(sweep_dirs: Sequence[str | Path], labels: Sequence[str
     return pd.concat(out, ignore_index=True)[cols]
 
 
-def _paired_ratio(x: Optional[pd.Series], y: Optional[pd.Series]) -> tuple[float, float, float]:
+def _paired_ratio(x: Optional[pd.Series], y: Optional[pd.Series], *key) -> tuple[float, float, float]:
     """Mean of ``x`` over mean of ``y`` (tok/s indexed by prompt) on the prompts both ran, with its paired 95%
-    bootstrap interval; NaN where one is missing."""
+    bootstrap interval (seeded by ``key``: what is compared); NaN where one is missing."""
     if x is None or y is None:
         return float("nan"), float("nan"), float("nan")
     c = x.index.intersection(y.index)
-    lo, hi = _boot_ratio(x[c].to_numpy(float), y[c].to_numpy(float), N_BOOT, SEED)
+    lo, hi = paired_ratio(x[c].to_numpy(float), y[c].to_numpy(float), *key)
     return (float(x[c].mean() / y[c].mean()) if len(c) else float("nan")), lo, hi
 
 

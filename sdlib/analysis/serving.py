@@ -11,7 +11,8 @@ Definitions (times from the client's clock; ``serve_requests`` / ``serve_chunks`
 * message ITL (``msg_itl``): the gap between consecutive messages, one per message (``vllm bench serve``'s
   ITL; under SD it is about TPOT x tokens per step);
 * percentiles: ``numpy.percentile`` (linear), over completed requests (ITLs: pooled over their tokens);
-  intervals: percentile bootstrap over requests (resample requests, pool their gaps);
+  intervals: percentile bootstrap over requests (resample requests, pool their gaps; :mod:`sdlib.core.bootstrap`,
+  seeded per cell and metric);
 * goodput = completed requests with TTFT <= ``sla.ttft_ms`` and TPOT <= ``sla.itl_ms`` per second of the cell
   (vLLM bench's --goodput form); a cell *meets the SLA* when the ``sla.percentile``-th percentile of TTFT
   and of ITL are within it (the scenario's form: P50 TTFT <= 200 ms and P50 ITL <= 30 ms);
@@ -32,6 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from sdlib.core import bootstrap
 from sdlib.store.schema import SERVE_METRICS, SERVE_PERCENTILES
 
 #: A cell whose client sent its requests later than this (99th percentile of send - scheduled arrival) had a
@@ -110,31 +112,30 @@ def summarize(requests: pd.DataFrame, chunks: pd.DataFrame,
     return out
 
 
-def bootstrap_percentile(per_request: Sequence[np.ndarray], q: float, n_boot: int = 1000, seed: int = 0,
-                         level: float = 0.95) -> tuple[float, float, float]:
+def bootstrap_percentile(per_request: Sequence[np.ndarray], q: float, n_boot: int = bootstrap.N_BOOT,
+                         key: tuple = (), level: float = bootstrap.LEVEL) -> tuple[float, float, float]:
     """(estimate, low, high): the ``q``-th percentile of the pooled values and its percentile-bootstrap
-    interval, resampling requests (each request's values stay together)."""
+    interval, resampling requests (each request's values stay together; draws seeded by ``key``)."""
     arrs = [np.asarray(a, dtype=float) for a in per_request]
     arrs = [a[~np.isnan(a)] for a in arrs]
     if not arrs or not sum(a.size for a in arrs):
         return float("nan"), float("nan"), float("nan")
     est = percentile(np.concatenate(arrs), q)
-    rng = np.random.default_rng(seed)
-    n = len(arrs)
-    boots = np.empty(n_boot)
-    scalar = all(a.size == 1 for a in arrs)
-    flat = np.concatenate(arrs) if scalar else None
-    for b in range(n_boot):
-        idx = rng.integers(0, n, n)
-        pooled = flat[idx] if scalar else np.concatenate([arrs[i] for i in idx])
-        boots[b] = np.percentile(pooled, q) if pooled.size else np.nan
-    lo, hi = np.nanpercentile(boots, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return est, float(lo), float(hi)
+    idx = bootstrap.draw_indices(len(arrs), n_boot, bootstrap.rng("serving", *key))
+    if all(a.size == 1 for a in arrs):  # one value per request: every replicate at once
+        boots = np.percentile(np.concatenate(arrs)[idx], q, axis=1)
+    else:  # a percentile of pooled values is not linear in the weights: pool each replicate's requests
+        boots = np.empty(n_boot)
+        for b in range(n_boot):
+            pooled = np.concatenate([arrs[i] for i in idx[b]])
+            boots[b] = np.percentile(pooled, q) if pooled.size else np.nan
+    lo, hi = bootstrap.interval(boots, level)
+    return est, lo, hi
 
 
 def latency_intervals(runs: pd.DataFrame, requests: pd.DataFrame, chunks: pd.DataFrame,
                       metrics: Sequence[str] = ("ttft", "itl", "tpot", "e2e"),
-                      percentiles: Sequence[float] = (50, 99), n_boot: int = 500, seed: int = 0,
+                      percentiles: Sequence[float] = (50, 99), n_boot: int = bootstrap.N_BOOT,
                       by_task: bool = False) -> pd.DataFrame:
     """Tidy percentiles with bootstrap intervals: one row per (cell[, task], metric, percentile).
 
@@ -158,7 +159,7 @@ def latency_intervals(runs: pd.DataFrame, requests: pd.DataFrame, chunks: pd.Dat
                 else:
                     per = [np.array([v]) for v in done[f"{metric}_s"].to_numpy(float)]
                 for q in percentiles:
-                    est, lo, hi = bootstrap_percentile(per, q, n_boot, seed)
+                    est, lo, hi = bootstrap_percentile(per, q, n_boot, (rid, task, metric))
                     row = {"run_id": rid, "kind": m["kind"], "label": m["label"], "rate_rps": float(m["rate_rps"]),
                            "metric": metric, "percentile": q, "value_s": est, "lo_s": lo, "hi_s": hi,
                            "n_requests": len(done), "client_lagged": bool(m["send_lag_p99_s"] > CLIENT_LAG_LIMIT_S)}
@@ -181,9 +182,8 @@ def goodput_table(runs: pd.DataFrame, requests: pd.DataFrame, sla: SLA = SLA()) 
         share = float(ok.mean()) if ok.size else float("nan")
         lo = hi = float("nan")
         if ok.size:
-            rng = np.random.default_rng(0)
-            boots = ok[rng.integers(0, ok.size, (1000, ok.size))].mean(axis=1)
-            lo, hi = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
+            W = bootstrap.unit_weights(ok.size, bootstrap.N_BOOT, bootstrap.rng("goodput", r.run_id))
+            lo, hi = bootstrap.interval(bootstrap.mean(W, ok.astype(float)))
         rate = len(req) / r.duration_s if r.duration_s and r.duration_s > 0 else float("nan")
         rows.append({"run_id": r.run_id, "kind": r.kind, "label": r.label, "rate_rps": r.rate_rps,
                      "num_servers": r.num_servers, "send_lag_p99_s": getattr(r, "send_lag_p99_s", np.nan), "sla_share": share, "goodput_rps": share * rate,

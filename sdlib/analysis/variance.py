@@ -340,7 +340,7 @@ def greedy_drift(runs: pd.DataFrame, requests: pd.DataFrame,
     matching is on ``prompt_index``. ``frac_differ`` = differing / compared, with its Wilson interval
     (``frac_differ_lo/hi``); ``mean_output_tokens_lo/hi``: a bootstrap interval over requests.
     """
-    from sdlib.analysis.intervals import ratio_by_request, wilson
+    from sdlib.analysis.intervals import ratio_by_request
 
     df = _requests_with_runs(runs, requests)
     df = df[df["method"] == "none"]
@@ -357,14 +357,8 @@ def greedy_drift(runs: pd.DataFrame, requests: pd.DataFrame,
         has = m["ref_ids"].notna()
         m["differs"] = [a != b if h else np.nan for a, b, h in zip(m["ids"], m["ref_ids"], has)]
         m["has_ref"] = has
-        agg = m.groupby("batch_size").agg(
-            n_requests=("request_id", "size"),
-            mean_output_tokens=("output_tokens", "mean"),
-            n_compared=("has_ref", "sum"),
-            n_differ=("differs", lambda s: float(np.nansum(s.astype("float64")))),
-        ).reset_index()
-        agg["frac_differ"] = agg["n_differ"] / agg["n_compared"].where(agg["n_compared"] > 0)
-        agg["frac_differ_lo"], agg["frac_differ_hi"] = wilson(agg["n_differ"], agg["n_compared"])
+        agg = _share_of_requests(m, ["batch_size"], "differs", "has_ref", "differ",
+                                 mean_output_tokens=("output_tokens", "mean"))
         ci = ratio_by_request(m.assign(_one=1.0, _out=m["output_tokens"].astype("float64")), ["batch_size"],
                               "_out", "_one", strata="run_id", n_boot=n_boot)
         agg = agg.merge(ci.rename(columns={"value_lo": "mean_output_tokens_lo", "value_hi": "mean_output_tokens_hi"})
@@ -387,8 +381,6 @@ def lossless_check(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     differences come from batch-shape-dependent kernels, as in greedy drift. ``frac_identical_lo/hi``:
     its Wilson interval.
     """
-    from sdlib.analysis.intervals import wilson
-
     df = _requests_with_runs(runs, requests)
     mk = _match_keys(df) + ["batch_size"]
     cols = mk + ["method", "method_label", "n_requests", "n_compared", "n_identical", "frac_identical"]
@@ -399,14 +391,23 @@ def lossless_check(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     m = sd.merge(base.rename(columns={"ids": "base_ids"}), on=mk + ["prompt_index"], how="left")
     m["has_base"] = m["base_ids"].notna()
     m["identical"] = [float(a == b) if h else np.nan for a, b, h in zip(m["ids"], m["base_ids"], m["has_base"])]
-    out = m.groupby(mk + ["method", "method_label"], dropna=False).agg(
-        n_requests=("request_id", "size"),
-        n_compared=("has_base", "sum"),
-        n_identical=("identical", lambda s: float(np.nansum(s.astype("float64")))),
-    ).reset_index()
-    out["frac_identical"] = out["n_identical"] / out["n_compared"].where(out["n_compared"] > 0)
-    out["frac_identical_lo"], out["frac_identical_hi"] = wilson(out["n_identical"], out["n_compared"])
+    out = _share_of_requests(m, mk + ["method", "method_label"], "identical", "has_base", "identical", dropna=False)
     return out[cols + ["frac_identical_lo", "frac_identical_hi"]]
+
+
+def _share_of_requests(m: pd.DataFrame, by: list[str], flag: str, has: str, name: str, dropna: bool = True,
+                       **extra) -> pd.DataFrame:
+    """Per ``by`` group of requests ``m``: ``n_requests``, ``n_compared`` (requests where ``has``),
+    ``n_<name>`` (where ``flag``, 1.0 / 0.0 / NaN), ``frac_<name>`` and its Wilson interval (``_lo``, ``_hi``);
+    ``extra``: more named aggregations."""
+    from sdlib.analysis.intervals import wilson
+
+    out = m.groupby(by, dropna=dropna).agg(
+        n_requests=("request_id", "size"), **extra, n_compared=(has, "sum"),
+        **{f"n_{name}": (flag, lambda s: float(np.nansum(s.astype("float64"))))}).reset_index()
+    out[f"frac_{name}"] = out[f"n_{name}"] / out["n_compared"].where(out["n_compared"] > 0)
+    out[f"frac_{name}_lo"], out[f"frac_{name}_hi"] = wilson(out[f"n_{name}"], out["n_compared"])
+    return out
 
 
 def existing_dirs(dirs: Iterable[str | Path], tables: Sequence[str] = ("steps", "runs")) -> list[Path]:

@@ -12,22 +12,27 @@ A step of a batch costs ``draft + verify + overhead`` where
 
 :data:`AUTHORS_H100_LLAMA8B` is the authors' fit; :func:`fit_cost_model` fits
 ``T(kv, n)`` from our measured ``engine_steps`` table; models round-trip through
-JSON (:meth:`CostModel.save`, :meth:`CostModel.load`) so fitted ones can live in
-``data/costmodels/*.json``.
+JSON (:meth:`StepCostModel.save`; :func:`sdlib.sim.costmodels.load_cost_model` reads any kind back) so
+fitted ones can live in ``data/costmodels/*.json``.
+
+:class:`StepCostModel` is what the simulator asks of any cost model (this linear one, and
+:class:`sdlib.sim.engine_costs.EngineCostModel`, priced per engine path and k): the seconds of a batch of
+decode steps, of a no-SD step, of the prefill; it never asks which class it holds.
 
 Usage:
     from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B as cm, fit_cost_model
     cm.step_time("eagle3", kv=8 * 600, n=8 * 4, n_i=4)     # one step, bs 8, k=3, s
     fitted = fit_cost_model(engine_steps_df, name="ours_h200_llama8b"); fitted.save("data/costmodels/ours.json")
+    cm.step_seconds(B=8, kv=8 * 600, n_i=4, k=3, eagle=1.0, eagle_n=4, ngram=0.0, path="padded")   # the protocol
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
@@ -36,9 +41,60 @@ import pandas as pd
 DRAFT_METHODS = ("none", "ngram", "eagle", "eagle3", "ngram+eagle3")
 
 
+class StepCostModel(ABC):
+    """The cost-model protocol: what the simulator (:mod:`sdlib.sim.policy.walk`, :mod:`sdlib.sim.oracle`)
+    asks of a cost model, in seconds, vectorised over steps. Every kind implements it; nothing dispatches on
+    the class. ``kind`` names the kind in its JSON (``"kind"`` key; absent = ``linear``)."""
+
+    name: str
+    kind: ClassVar[str] = ""
+
+    @abstractmethod
+    def step_seconds(self, B: int, kv, n_i, k, eagle, eagle_n, ngram, path: str) -> np.ndarray:
+        """Decode steps of a batch of ``B`` copies: ``kv`` tokens in the batch's KV cache, ``n_i`` tokens per
+        row fed to the target (proposed + 1), ``k`` the engine's draft slots per row, ``eagle`` / ``ngram``
+        1.0 where that drafter ran (charged), ``eagle_n`` the tokens EAGLE-3 processed, ``path`` the engine
+        path (``padded`` / ``ragged``)."""
+
+    @abstractmethod
+    def no_sd_step_seconds(self, B: int, kv) -> np.ndarray:
+        """Plain decode steps (one token per row) of a batch of ``B`` copies at ``kv`` KV tokens."""
+
+    @abstractmethod
+    def prefill_seconds(self, num_prompt_tokens) -> np.ndarray:
+        """The batch's prefill step (``num_prompt_tokens`` over all rows), with whatever a step costs besides."""
+
+    @property
+    def catch_up_s(self) -> float:
+        """Seconds per token EAGLE-3 re-reads when it drafts after steps it skipped (0: not priced apart)."""
+        return 0.0
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-serialisable); :func:`sdlib.sim.costmodels.load_cost_model` reads it back."""
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepCostModel":
+        """Inverse of :meth:`to_dict`."""
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model as JSON to ``path`` (folders created, atomically)."""
+        from sdlib.store.files import write_json_atomic
+
+        write_json_atomic(self.to_dict(), Path(path))
+        return Path(path)
+
+    def replace(self, **changes) -> "StepCostModel":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(StepCostModel):
     """Linear step-time model; all coefficients in seconds (per token where it says so)."""
+
+    kind: ClassVar[str] = "linear"
 
     name: str
     target_kv_s: float  # a_kv: s per token in the batch's KV cache
@@ -107,35 +163,44 @@ class CostModel:
         d = float(self.draft_time(method, kv_b, k + 1, verify_s=t))
         return d / (k * t)
 
+    # ---- the protocol (StepCostModel) ---------------------------------------
+    def step_seconds(self, B: int, kv, n_i, k, eagle, eagle_n, ngram, path: str) -> np.ndarray:
+        """``T(kv, B*n_i) + overhead + eagle*EAGLE(kv, eagle_n) + ngram*ngram_frac*T`` (as
+        :func:`sdlib.sim.policy.walk.request_times`); ``k`` and ``path`` do not enter a linear model."""
+        v = self.verify_time(kv, B * np.asarray(n_i, dtype=float))
+        t = v + self.overhead_s
+        t = t + np.asarray(eagle, dtype=float) * self.draft_time("eagle3", kv, eagle_n)
+        return t + np.asarray(ngram, dtype=float) * self.ngram_frac * v
+
+    def no_sd_step_seconds(self, B: int, kv) -> np.ndarray:
+        """``T(kv, B) + overhead``."""
+        return self.verify_time(kv, B) + self.overhead_s
+
+    def prefill_seconds(self, num_prompt_tokens) -> np.ndarray:
+        """:meth:`prefill_time` + the per-step overhead."""
+        return self.prefill_time(num_prompt_tokens) + self.overhead_s
+
+    @property
+    def catch_up_s(self) -> float:
+        """``b_n``: EAGLE drafting's price per token of the request's step."""
+        return float(self.eagle_n_s)
+
     # ---- JSON --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-serialisable)."""
+        """Plain dict (JSON-serialisable; no ``kind`` key: linear is the default kind)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CostModel":
         """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        d = dict(d)
+        if d.pop("kind", cls.kind) != cls.kind:
+            raise KeyError(f"CostModel: kind {d.get('kind')!r} is not {cls.kind!r}")
         names = {f.name for f in dataclasses.fields(cls)}
         bad = set(d) - names
         if bad:
             raise KeyError(f"CostModel: unknown keys {sorted(bad)}")
         return cls(**d)
-
-    def save(self, path: str | Path) -> Path:
-        """Write the model as JSON to ``path`` (folders created, atomically)."""
-        from sdlib.store.files import write_json_atomic
-
-        write_json_atomic(self.to_dict(), Path(path))
-        return Path(path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "CostModel":
-        """Read a model written by :meth:`save`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-    def replace(self, **changes) -> "CostModel":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 # The authors' fit, Llama-3.1-8B-Instruct on one H100 ("fitted with instructcoder
@@ -154,35 +219,8 @@ AUTHORS_H100_LLAMA8B = CostModel(
     source="SpecDecode-Bench/simulator@2fdccbd predictor.py Llama8BH100 (Llama-3.1-8B-Instruct, H100)",
 )
 
+#: Built-in cost models by name (:func:`sdlib.sim.costmodels.load_cost_model` looks names up here first).
 COST_MODELS: dict[str, CostModel] = {AUTHORS_H100_LLAMA8B.name: AUTHORS_H100_LLAMA8B}
-
-
-def get_cost_model(name_or_path: str | Path | CostModel) -> CostModel:
-    """A built-in model by name, a JSON file, or a model passed through."""
-    if isinstance(name_or_path, CostModel):
-        return name_or_path
-    if str(name_or_path) in COST_MODELS:
-        return COST_MODELS[str(name_or_path)]
-    from sdlib.paths import resolve
-
-    return CostModel.load(resolve(name_or_path))
-
-
-def find_cost_models(patterns) -> list[str]:
-    """Cost-model JSON files matching repo-relative globs (e.g. ``data/costmodels/*.json``), sorted, each once."""
-    import glob
-
-    from sdlib.paths import resolve
-
-    return sorted({p for g in patterns for p in glob.glob(str(resolve(g)))})
-
-
-def load_cost_models(paths, first: Optional[CostModel] = AUTHORS_H100_LLAMA8B) -> list[CostModel]:
-    """``first`` (the authors' fit by default; None: none) followed by the linear models saved in ``paths``.
-    Engine cost models (``"kind": "engine"``, :mod:`sdlib.sim.engine_costs`: a table per engine path, k and
-    batch size, not a linear model) among ``paths`` are left out."""
-    dicts = [json.loads(Path(p).read_text()) for p in paths]
-    return ([first] if first is not None else []) + [CostModel.from_dict(d) for d in dicts if d.get("kind") != "engine"]
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:

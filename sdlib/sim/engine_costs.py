@@ -23,7 +23,8 @@ steady-window decode steps. Between measured k and B the table is interpolated l
 largest measured B, extrapolated from the last two; k beyond the largest measured k, likewise; ragged
 k below the smallest measured k takes the smallest's value: the harness's fixed cost dominates there).
 ``k = 0`` on any path is a plain decode step (the no-SD row). The prefill is priced by ``prefill_model``
-(the replay times decode steps only).
+(the replay times decode steps only): a name or path that :func:`sdlib.sim.costmodels.load_cost_model`
+resolves when it loads this model (it sits above this module, so the model never loads one itself).
 
 The policies (:mod:`sdlib.sim.policy.walk`) give each step its path and k: EAGLE-3 and policies that mix
 drafters run on the padded path with k = the tokens the step drafts (a per-step k, as vLLM's Dynamic SD
@@ -31,23 +32,22 @@ varies k between steps; fixed-k methods keep their k); n-gram-only policies run 
 engine's K. Drafting is inside the measured steps, so the drafting flags of a step cost nothing extra here.
 
 Usage:
-    from sdlib.sim.engine_costs import fit_engine_cost_model, EngineCostModel
+    from sdlib.sim.engine_costs import fit_engine_cost_model
     ecm = fit_engine_cost_model("data/sweeps/h200_replay", name="h200_replay_engine")
     ecm.save("data/costmodels/h200_replay_engine.json"); ecm.step_time("padded", k=3, B=32, kv=32 * 600)
+    # priced with its prefill: sdlib.sim.costmodels.load_cost_model("h200_replay_engine")
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
 
 from sdlib.core.registry import METHODS
-from sdlib.sim.costmodel import CostModel, get_cost_model, robust_lstsq
+from sdlib.sim.costmodel import CostModel, StepCostModel, robust_lstsq
 
 #: Engine paths: ``none`` (no SD), ``padded`` (EAGLE-3 / V2 runner: every row verifies k), ``ragged``
 #: (n-gram / V1 runner: a row verifies what it drafted).
@@ -59,8 +59,10 @@ ENGINE_COST_MODEL_FILE = "data/costmodels/h200_replay_engine.json"
 
 
 @dataclass(frozen=True)
-class EngineCostModel:
+class EngineCostModel(StepCostModel):
     """Per-path, per-k, per-B step times (s) with a shared KV slope; see the module docstring."""
+
+    kind: ClassVar[str] = "engine"
 
     name: str
     a_kv_s: float  # s per KV token (shared by the paths)
@@ -71,6 +73,8 @@ class EngineCostModel:
     prefill_model: str  # name or path of the linear CostModel that prices the prefill
     source: str = ""
     meta: dict = field(default_factory=dict, compare=False)
+    #: the linear model ``prefill_model`` names, set by :func:`sdlib.sim.costmodels.load_cost_model` (not saved)
+    prefill: Optional[CostModel] = field(default=None, compare=False, repr=False)
 
     # ---- pricing ---------------------------------------------------------------------------------------
     def alpha(self, path: str, k, B) -> np.ndarray:
@@ -106,28 +110,37 @@ class EngineCostModel:
         return self.step_time("none", np.zeros(np.shape(kv)), B, kv)
 
     def prefill_time(self, num_prompt_tokens):
-        """The batch's prefill, s (priced by :attr:`prefill_model`)."""
-        return get_cost_model(self.prefill_model).prefill_time(num_prompt_tokens)
+        """The batch's prefill, s (priced by :attr:`prefill_model`'s prefill forward)."""
+        if self.prefill is None:
+            raise ValueError(f"engine cost model {self.name!r}: its prefill model {self.prefill_model!r} is not "
+                             "resolved (get the model through sdlib.sim.costmodels.load_cost_model)")
+        return self.prefill.prefill_time(num_prompt_tokens)
+
+    # ---- the protocol (StepCostModel) ------------------------------------------------------------------
+    def step_seconds(self, B: int, kv, n_i, k, eagle, eagle_n, ngram, path: str) -> np.ndarray:
+        """``alpha[path](k, B) + a_kv*kv + a_n*B*n_i`` (drafting is inside the measured steps, so the drafting
+        flags cost nothing extra; k = 0 is a plain decode step)."""
+        return self.step_time(path, k, B, kv, n=B * np.asarray(n_i, dtype=float))
+
+    def no_sd_step_seconds(self, B: int, kv) -> np.ndarray:
+        return self.no_sd_time(B, kv)
+
+    def prefill_seconds(self, num_prompt_tokens) -> np.ndarray:
+        """:meth:`prefill_time` (the measured steps hold the per-step overhead; the prefill adds none)."""
+        return self.prefill_time(num_prompt_tokens)
 
     # ---- JSON ------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "engine", **asdict(self)}
+        d = asdict(self.replace(prefill=None))
+        del d["prefill"]
+        return {"kind": self.kind, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineCostModel":
-        d = {k: v for k, v in d.items() if k != "kind"}
+        d = dict(d)
+        if d.pop("kind", cls.kind) != cls.kind:
+            raise KeyError(f"EngineCostModel: kind {d.get('kind')!r} is not {cls.kind!r}")
         return cls(**d)
-
-    def save(self, path: str | Path) -> Path:
-        """Write the model as JSON to ``path`` (folders created, atomically)."""
-        from sdlib.store.files import write_json_atomic
-
-        write_json_atomic(self.to_dict(), Path(path))
-        return Path(path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "EngineCostModel":
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 def _interp_extrap(x, xp: np.ndarray, fp: np.ndarray):
@@ -137,21 +150,6 @@ def _interp_extrap(x, xp: np.ndarray, fp: np.ndarray):
         slope = (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
         y = np.where(np.asarray(x) > xp[-1], fp[-1] + slope * (np.asarray(x) - xp[-1]), y)
     return y
-
-
-def load_any_cost_model(name_or_path) -> "CostModel | EngineCostModel":
-    """A linear :class:`~sdlib.sim.costmodel.CostModel` or an :class:`EngineCostModel` (JSON with
-    ``"kind": "engine"``), by built-in name or file."""
-    if isinstance(name_or_path, (CostModel, EngineCostModel)):
-        return name_or_path
-    from sdlib.paths import resolve
-    from sdlib.sim.costmodel import COST_MODELS
-
-    if str(name_or_path) in COST_MODELS:
-        return COST_MODELS[str(name_or_path)]
-    p = resolve(name_or_path)
-    d = json.loads(Path(p).read_text())
-    return EngineCostModel.from_dict(d) if d.get("kind") == "engine" else CostModel.from_dict(d)
 
 
 # --------------------------------------------------------------------------- fit
@@ -223,11 +221,3 @@ def measured_vs_model(ecm: EngineCostModel, sweep_dir) -> pd.DataFrame:
         rows.append({"path": path, "k": int(k), "batch_size": int(B), "steps": len(g),
                      "measured_ms": 1e3 * float(g["duration_s"].median()), "model_ms": 1e3 * float(np.median(pred))})
     return pd.DataFrame(rows)
-
-
-def default_engine_cost_model() -> Optional[EngineCostModel]:
-    """The committed fit (:data:`ENGINE_COST_MODEL_FILE`), or None when absent."""
-    from sdlib.paths import resolve
-
-    p = resolve(ENGINE_COST_MODEL_FILE)
-    return EngineCostModel.load(p) if p.exists() else None

@@ -32,12 +32,18 @@ from typing import Optional
 
 import numpy as np
 
+import sdlib.sim.policy  # noqa: F401  (registers the policies a replay may name)
 from sdlib.core.registry import BuildRequest, PolicyRef, policies_needing, replay_ref
+from sdlib.paths import resolve
+from sdlib.sim.costmodels import load_cost_model
+from sdlib.sim.policy.features import add_features
+from sdlib.sim.policy.training import REFERENCE_PREDICTOR, load_predictor
+from sdlib.sim.policy.walk import PolicyInputs
 from sdlib.sim.prepared import PreparedTraces
 
 #: The engine cost model and predictor the replayed online policies decide with (a cell's key hashes them).
 REPLAY_COST_MODEL = "h200_replay_engine"
-REPLAY_PREDICTOR = "data/predictors/online_reference.json"
+REPLAY_PREDICTOR = REFERENCE_PREDICTOR
 
 
 def online_inputs() -> list[str]:
@@ -47,8 +53,6 @@ def online_inputs() -> list[str]:
 
 def needs_engine_files(policy: str) -> bool:
     """Are ``policy``'s replay plans decided from :func:`online_inputs` (so a refit makes new cells)?"""
-    import sdlib.sim.policy  # noqa: F401  (registers the policies)
-
     return policy in policies_needing("engine_files")
 
 
@@ -71,18 +75,11 @@ class RequestPlan:
 def replay_steps(prep: PreparedTraces, ref: PolicyRef, K: int, batch_size: int = 1, method: str | None = None):
     """The :class:`~sdlib.sim.policy.walk.PolicySteps` of instance ``ref`` replayed on an engine with
     ``num_speculative_tokens = K`` at ``batch_size`` (through its registered build)."""
-    from sdlib.sim.policy.walk import PolicyInputs
-
     inp = PolicyInputs.of(prep)
     cm, predictor = None, None
     if "engine_files" in ref.spec.needs:
-        from sdlib.paths import resolve
-        from sdlib.sim.engine_costs import load_any_cost_model
-        from sdlib.sim.policy.features import add_features
-        from sdlib.sim.policy.training import load_predictor
-
         add_features(inp)
-        cm = load_any_cost_model(online_inputs()[1])
+        cm = load_cost_model(online_inputs()[1])
         predictor = load_predictor(resolve(REPLAY_PREDICTOR), inp)
     req = BuildRequest(inp, [(cm, int(batch_size))], K=int(K), method=method, predictor=predictor)
     return ref.spec.build(req, ref)[0]
@@ -91,8 +88,6 @@ def replay_steps(prep: PreparedTraces, ref: PolicyRef, K: int, batch_size: int =
 def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int, batch_size: int = 1) -> list[RequestPlan]:
     """One :class:`RequestPlan` per request of ``prep`` for a config's ``replay: policy`` on ``method``'s engine
     with ``num_speculative_tokens = K`` (see the module docstring); ``batch_size``: the cell's."""
-    import sdlib.sim.policy  # noqa: F401  (registers the policies)
-
     if K < 1:
         raise ValueError("K must be >= 1")
     st = replay_steps(prep, replay_ref(policy, method, K), K, batch_size, method)

@@ -14,6 +14,7 @@ Usage:
     df = load_reference_traces()            # all four datasets, ~1,400 requests
     df = load_reference_traces(["gsm8k"])   # one dataset
     ours = load_our_traces("data/traces/embedded_*.jsonl.gz")
+    df, k = load_traces("reference")        # or trace files of either format (globs): (traces, their k)
 """
 
 from __future__ import annotations
@@ -177,3 +178,39 @@ def load_our_traces(patterns: str | Sequence[str]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=[*TRACE_COLUMNS, "k", "file"])
     return pd.concat(frames, ignore_index=True)
+
+
+class TraceError(ValueError):
+    """Trace files that are not there or lack a method (``sdlib simulate`` prints it as a ``--traces`` error)."""
+
+
+def load_traces(spec: str) -> tuple[pd.DataFrame, int]:
+    """(long-form traces, k): ``reference`` (the authors' four datasets), or trace files (comma-separated
+    globs, taken from where the caller stands): ours with the provenance beside each (dataset and k from it),
+    any other in the authors' format (dataset from the file name). ``k`` = the smallest over the files. Raises
+    :class:`TraceError` when nothing matches or the files lack n-gram or EAGLE-3 acceptance lists."""
+    from sdlib.extract.ngram import TRACE_MAX_K
+
+    if spec == "reference":
+        return load_reference_traces(), TRACE_MAX_K
+    files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
+    if not files:
+        raise TraceError(f"no file matches {spec!r}")
+    stems = {v: k for k, v in REFERENCE_FILES.items()}
+    frames, ks = [], []
+    for f in files:
+        p = Path(f)
+        prov = provenance_path(p)
+        if prov.exists():
+            info = json.loads(prov.read_text())
+            frames.append(read_traces(p.resolve(), info["dataset"]))
+            ks.append(int(info.get("k", TRACE_MAX_K)))
+        else:
+            stem = p.name.split(".")[0]
+            frames.append(read_trace_file(p, stems.get(stem, stem)))
+            ks.append(TRACE_MAX_K)
+    df = pd.concat(frames, ignore_index=True)
+    missing = {"ngram", "eagle3"} - set(df["method"])
+    if missing:
+        raise TraceError(f"{spec!r} has no {sorted(missing)} acceptance lists (acc_ngram, acc_eagle)")
+    return df, min(ks)

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Optional
 
 from sdlib.core.registry import GROUPS, POLICIES, RegistryError, expand_policies
-from sdlib.sim.policy.confidence import ConfidenceError
+from sdlib.sim.costmodels import CostModelError, cost_model_names, load_cost_model
+from sdlib.sim.policy.confidence import ConfidenceError, load_confidences
 from sdlib.sim.policy.static import FIXED_KS
-
-#: The committed, cross-fitted predictor for the reference traces (``--save-predictor`` writes one).
-REFERENCE_PREDICTOR = "data/predictors/online_reference.json"
+from sdlib.sim.policy.training import REFERENCE_PREDICTOR
 #: Cost models by name: built-in, or a JSON under data/costmodels/.
-COST_MODEL_NAMES = ("authors_h100_llama8b", "h200_llama8b", "h200_replay_engine")
+COST_MODEL_NAMES = tuple(cost_model_names())
 
 
 class UsageError(ValueError):
@@ -38,89 +37,6 @@ class UsageError(ValueError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2
         raise UsageError(message)
-
-
-def cost_model_of(name: str):
-    """A cost model by built-in name, by ``data/costmodels/<name>.json``, or by path (either kind)."""
-    from sdlib.paths import DATA_DIR
-    from sdlib.sim.costmodel import COST_MODELS
-    from sdlib.sim.engine_costs import load_any_cost_model
-
-    if name in COST_MODELS:
-        return COST_MODELS[name]
-    for p in (DATA_DIR / "costmodels" / f"{name}.json", Path(name)):
-        if p.is_file():
-            return load_any_cost_model(p)
-    raise UsageError(f"--cost-model: {name!r} is neither a known model {list(COST_MODEL_NAMES)} nor a JSON file")
-
-
-def load_traces(spec: str):
-    """(long-form traces, k): ``reference``, or trace files (globs; ours with provenance, else the authors')."""
-    import glob
-
-    import pandas as pd
-
-    from sdlib.extract.ngram import TRACE_MAX_K
-    from sdlib.sim.traces import REFERENCE_FILES, load_reference_traces, provenance_path, read_trace_file, read_traces
-
-    if spec == "reference":
-        return load_reference_traces(), TRACE_MAX_K
-    files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
-    if not files:
-        raise UsageError(f"--traces: no file matches {spec!r}")
-    stems = {v: k for k, v in REFERENCE_FILES.items()}
-    frames, ks = [], []
-    for f in files:
-        p = Path(f)
-        prov = provenance_path(p)
-        if prov.exists():
-            import json
-
-            info = json.loads(prov.read_text())
-            frames.append(read_traces(p.resolve(), info["dataset"]))
-            ks.append(int(info.get("k", TRACE_MAX_K)))
-        else:
-            stem = p.name.split(".")[0]
-            frames.append(read_trace_file(p, stems.get(stem, stem)))
-            ks.append(TRACE_MAX_K)
-    df = pd.concat(frames, ignore_index=True)
-    missing = {"ngram", "eagle3"} - set(df["method"])
-    if missing:
-        raise UsageError(f"--traces: {spec!r} has no {sorted(missing)} acceptance lists (acc_ngram, acc_eagle)")
-    return df, min(ks)
-
-
-def load_confidences(spec: str, k: Optional[int] = None, traces: Optional[str] = None) -> dict:
-    """{(dataset, request id): confidence rows} of the files matching ``spec`` (comma-separated globs). With
-    ``k`` (the traces' k): each file must score at least k drafts; with ``traces`` (the --traces globs): each
-    file must have been made from one of those files as they are now (sha256)."""
-    import glob
-
-    from sdlib.models.train.files import sha256
-    from sdlib.paths import resolve
-    from sdlib.sim.policy.confidence import read_confidences
-
-    files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
-    if not files:
-        raise UsageError(f"--confidences: no file matches {spec!r}")
-    shas = {Path(f).resolve(): sha256(Path(f)) for pat in traces.split(",") for f in glob.glob(pat)} if traces else None
-    out = {}
-    for f in files:
-        try:
-            ds, rows, prov = read_confidences(f)
-        except (OSError, ValueError, KeyError) as e:
-            raise UsageError(f"--confidences: {f}: {type(e).__name__}: {e}") from None
-        if k is not None and int(prov.get("k") or 0) < k:
-            raise UsageError(f"--confidences: {f} scores {prov.get('k')} drafts per position, the traces {k}")
-        if shas is not None:
-            src = resolve(str(prov.get("traces", ""))).resolve()
-            if src not in shas:
-                raise UsageError(f"--confidences: {f} was made from {prov.get('traces')!r}, which is not a --traces file")
-            if shas[src] != prov.get("traces_sha256"):
-                raise UsageError(f"--confidences: {f} was made from {prov.get('traces')!r} as it was then, not as it "
-                                 "is now (sha256 differs): rerun sdlib confidences")
-        out.update({(ds, rid): conf for rid, conf in rows.items()})
-    return out
 
 
 def build_parser(prog: str = "sdlib simulate") -> argparse.ArgumentParser:
@@ -165,14 +81,17 @@ def _ints(flag: str, text: str) -> list[int]:
 
 
 def run(args) -> int:
-    from sdlib.sim.prepared import prepare_traces, select_requests
     from sdlib.sim.policy.table import simulate_policies, summarise
-    from sdlib.sim.prepared import truncate_traces
+    from sdlib.sim.prepared import prepare_traces, select_requests, truncate_traces
+    from sdlib.sim.traces import TraceError, load_traces
 
     if args.convention != "corrected":
         raise UsageError(f"--convention: only 'corrected' is simulated for per-step policies (got {args.convention!r})")
     batch_sizes = _ints("--batch-sizes", args.batch_sizes)
-    cms = [cost_model_of(n.strip()) for n in args.cost_model.split(",") if n.strip()]
+    try:  # names, data/costmodels/<name>.json, or paths from where the user stands
+        cms = [load_cost_model(n.strip(), relative_to=Path.cwd()) for n in args.cost_model.split(",") if n.strip()]
+    except CostModelError as e:
+        raise UsageError(f"--cost-model: {e}") from None
     if not cms:
         raise UsageError("--cost-model: give at least one")
     try:
@@ -182,7 +101,10 @@ def run(args) -> int:
     if not all(r.spec.simulate for r in refs):
         raise UsageError(f"--policies: {[r.label for r in refs if not r.spec.simulate]} are replay-only")
     t0 = time.perf_counter()
-    traces, k = load_traces(args.traces)
+    try:
+        traces, k = load_traces(args.traces)
+    except TraceError as e:
+        raise UsageError(f"--traces: {e}") from None
     prep = prepare_traces(traces, ngram_lookup=True, keep_tokens=True)
     if args.datasets or args.sample:
         ds = args.datasets.split(",") if args.datasets else None
@@ -191,8 +113,11 @@ def run(args) -> int:
             raise UsageError(f"--datasets: {bad} not in the traces ({sorted(set(prep.dataset))})")
         prep = select_requests(prep, args.sample, ds)
     prep = truncate_traces(prep, None)
-    confidences = load_confidences(args.confidences, k, None if args.traces == "reference" else args.traces) \
-        if args.confidences else None
+    try:
+        confidences = load_confidences(args.confidences, k, None if args.traces == "reference" else args.traces) \
+            if args.confidences else None
+    except ConfidenceError as e:
+        raise UsageError(f"--confidences: {e}") from None
     need_conf = [r.label for r in refs if "confidences" in r.spec.needs]
     if confidences is None and need_conf:
         raise UsageError(f"--confidences: {need_conf} need the requests' draft confidences (sdlib confidences "

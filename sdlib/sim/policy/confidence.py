@@ -30,6 +30,7 @@ Usage:
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 from pathlib import Path
@@ -37,6 +38,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sdlib.models.train.files import sha256
+from sdlib.paths import resolve
 from sdlib.sim.policy.online import OnlinePolicy
 from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, price_table, walk
@@ -61,7 +64,6 @@ def _bin(c, bins: int) -> np.ndarray:
 def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]], dict]:
     """(dataset, {request id: conf rows}, provenance) of a confidence file written by ``sdlib confidences``
     (:func:`sdlib.run.confidences.write_confidences`)."""
-    from sdlib.paths import resolve
     from sdlib.sim.traces import provenance_path
 
     p = resolve(str(path))
@@ -69,6 +71,34 @@ def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]
     with gzip.open(p, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return prov["dataset"], {str(r["id"]): r["conf_eagle"] for r in rows}, prov
+
+
+def load_confidences(spec: str, k: Optional[int] = None, traces: Optional[str] = None) -> dict:
+    """{(dataset, request id): confidence rows} of the files matching ``spec`` (comma-separated globs, from where
+    the caller stands). With ``k`` (the traces' k): each file must score at least k drafts; with ``traces`` (the
+    trace globs): each file must have been made from one of those files as they are now (sha256). Raises
+    :class:`ConfidenceError`."""
+    files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
+    if not files:
+        raise ConfidenceError(f"no file matches {spec!r}")
+    shas = {Path(f).resolve(): sha256(Path(f)) for pat in traces.split(",") for f in glob.glob(pat)} if traces else None
+    out = {}
+    for f in files:
+        try:
+            ds, rows, prov = read_confidences(f)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfidenceError(f"{f}: {type(e).__name__}: {e}") from None
+        if k is not None and int(prov.get("k") or 0) < k:
+            raise ConfidenceError(f"{f} scores {prov.get('k')} drafts per position, the traces {k}")
+        if shas is not None:
+            src = resolve(str(prov.get("traces", ""))).resolve()
+            if src not in shas:
+                raise ConfidenceError(f"{f} was made from {prov.get('traces')!r}, which is not a --traces file")
+            if shas[src] != prov.get("traces_sha256"):
+                raise ConfidenceError(f"{f} was made from {prov.get('traces')!r} as it was then, not as it is now "
+                                      "(sha256 differs): rerun sdlib confidences")
+        out.update({(ds, rid): conf for rid, conf in rows.items()})
+    return out
 
 
 def attach_confidences(inp: PolicyInputs, conf: dict) -> None:
@@ -283,5 +313,5 @@ register_policy(PolicySpec(WITH_ONLINE, "online", _build, _SOURCE + ", inside th
                            batch_dependent=True, needs=frozenset({"confidences", "predictor"})))
 
 
-__all__ = ["VARIANTS", "ConfidenceError", "read_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",
+__all__ = ["VARIANTS", "ConfidenceError", "read_confidences", "load_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",
            "stop_lengths", "ConfidencePolicy", "OnlineWithConfidence", "confidence_steps"]

@@ -11,7 +11,8 @@ registered ``build``, the same one a trace replay uses.
 
 Speedup per (cost model, dataset, batch size, policy) = mean throughput with SD / mean throughput without,
 over the requests (the simulator's definition); its interval is a bootstrap over requests (paired: the same
-resamples for every policy of a cell). ``gap_share`` = (policy - best fixed) / (Oracle Combine - best fixed),
+resamples for every policy of a cell, and for every cost model and batch size of a dataset;
+:mod:`sdlib.core.bootstrap`). ``gap_share`` = (policy - best fixed) / (Oracle Combine - best fixed),
 with the best fixed picked per cell; ``diff_lo``/``diff_hi`` bound policy - best fixed (paired bootstrap).
 
 Usage:
@@ -22,12 +23,12 @@ Usage:
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from sdlib.core import bootstrap
 from sdlib.core.registry import KMAX, BuildRequest, PolicyRef, expand_policies
 from sdlib.sim.prepared import PreparedTraces
 from sdlib.sim.policy.training import ensure_predictor
@@ -36,9 +37,8 @@ from sdlib.sim.policy.walk import PolicyInputs, PolicySteps, no_sd_times, reques
 #: Columns of the policy table (``sdlib simulate --out``).
 TABLE_COLUMNS = ["dataset", "policy", "family", "batch_size", "cost_model", "speedup", "speedup_lo", "speedup_hi",
                  "tokens_per_step", "drafted_per_step", "num_requests"]
-N_BOOT = 1000
-BOOT_SEED = 0
-CI = 0.95
+N_BOOT = bootstrap.N_BOOT
+CI = bootstrap.LEVEL
 
 
 def _rows(inp, st: PolicySteps, ref: PolicyRef, cm, B: int, base_cache: dict) -> dict:
@@ -103,12 +103,11 @@ def policy_steps_at(inp: PolicyInputs, policy: str | PolicyRef, cfg: Sequence[tu
     return ref.spec.build(BuildRequest(inp, list(cfg), predictor=predictor), ref)
 
 
-@functools.lru_cache(maxsize=16)
-def _boot_weights(n: int, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> np.ndarray:
-    """(n_boot, n) resampling weights: row b counts how often each request was drawn, / n."""
-    rng = np.random.default_rng(seed + n)
-    draws = rng.integers(0, n, size=(n_boot, n)) + n * np.arange(n_boot)[:, None]
-    return np.bincount(draws.ravel(), minlength=n_boot * n).reshape(n_boot, n) / n
+def _boot_weights(dataset: str, n: int, n_boot: int = N_BOOT) -> np.ndarray:
+    """(n_boot, n) resampling counts of a dataset's ``n`` requests (:func:`sdlib.core.bootstrap.keyed_unit_weights`,
+    cached): the same for every cost model, batch size and policy of the dataset, so every comparison of them
+    is paired."""
+    return bootstrap.keyed_unit_weights(("sim.policy.table", dataset, n), n, n_boot)
 
 
 def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine") -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -117,22 +116,27 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
     ``upper``: the bound the gap runs to (``combine``; ``oracle-eagle3`` for EAGLE-3's length gap when only
     EAGLE-3's fixed k are simulated)."""
     keys = ["cost_model", "dataset", "batch_size"]
-    idx = per_req.set_index(keys + ["request_id", "policy"])
-    sd_all = {c: g for c, g in idx["sd_tok_per_s"].unstack("policy").groupby(level=[0, 1, 2], sort=False)}
-    base_all = {c: g for c, g in idx["base_tok_per_s"].unstack("policy").groupby(level=[0, 1, 2], sort=False)}
+    wide = per_req.set_index(keys + ["request_id", "policy"])[["sd_tok_per_s", "base_tok_per_s"]].unstack("policy")
+    policies = np.asarray(wide["sd_tok_per_s"].columns)
+    sd_all, base_all = wide["sd_tok_per_s"].to_numpy(), wide["base_tok_per_s"][policies].to_numpy()
+    rows_of = wide.groupby(level=[0, 1, 2], sort=False).indices  # cell -> its rows (requests)
     sums = per_req.groupby(keys + ["policy"], sort=False)[["num_steps", "gained", "drafted"]].sum().to_dict("index")
     family = dict(zip(per_req["policy"], per_req["family"]))
-    q = [(1 - CI) / 2, 1 - (1 - CI) / 2]
     rows, gaps = [], []
     for cell in per_req[keys].drop_duplicates().itertuples(index=False, name=None):
-        sd, base = sd_all[cell], base_all[cell]
-        cols = list(sd.columns[sd.notna().all(axis=0).to_numpy()])
-        S, Bm = sd[cols].to_numpy(), base[cols].to_numpy()
-        W = _boot_weights(len(S), n_boot)
-        boot = (W @ S) / (W @ Bm)
-        sp = S.mean(axis=0) / Bm.mean(axis=0)
-        lo, hi = np.quantile(boot, q, axis=0)
+        sd = sd_all[rows_of[cell]]
+        ok = ~np.isnan(sd).any(axis=0)  # the policies simulated in this cell
+        cols = list(policies[ok])
+        # C order: a column's mean sums its requests in the order it always did (the same bits)
+        S, Bm = np.ascontiguousarray(sd[:, ok]), np.ascontiguousarray(base_all[rows_of[cell]][:, ok])
         cm, ds, B = cell
+        W = _boot_weights(ds, len(S), n_boot)
+        first = {}  # policies share the no-SD runs of one output length: one product per distinct column
+        inv = [first.setdefault(Bm[:, j].tobytes(), j) for j in range(Bm.shape[1])]
+        uniq = sorted(set(inv))
+        boot = (W @ S) / (W @ Bm[:, uniq])[:, [uniq.index(j) for j in inv]]
+        sp = S.mean(axis=0) / Bm.mean(axis=0)
+        lo, hi = bootstrap.interval(boot, CI)
         for j, pol in enumerate(cols):
             t = sums[(cm, ds, B, pol)]
             rows.append({"dataset": ds, "policy": pol, "family": family[pol], "batch_size": int(B),
@@ -144,20 +148,20 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
             continue
         jb = fixed[int(np.argmax(sp[fixed]))]
         jc = cols.index(upper)
-        d_lo, d_hi = np.quantile(boot - boot[:, [jb]], q, axis=0)
-        r_lo, r_hi = np.quantile(boot / boot[:, [jb]], q, axis=0)
+        other = [j for j, c in enumerate(cols) if family[c] != "fixed"]
+        d_lo, d_hi = bootstrap.interval(boot[:, other] - boot[:, [jb]], CI)
+        r_lo, r_hi = bootstrap.interval(boot[:, other] / boot[:, [jb]], CI)
         gap = float(sp[jc] - sp[jb])
-        for j, pol in enumerate(cols):
-            if family[pol] == "fixed":
-                continue
+        for i, j in enumerate(other):
+            pol = cols[j]
             gaps.append({"cost_model": cm, "dataset": ds, "batch_size": int(B), "policy": pol,
                          "family": family[pol], "speedup": float(sp[j]), "best_fixed": cols[jb],
                          "best_fixed_speedup": float(sp[jb]), "best_fixed_lo": float(lo[jb]),
                          "combine_speedup": float(sp[jc]), "gap": gap, "gap_rel": gap / float(sp[jb]),
                          "gap_share": float((sp[j] - sp[jb]) / gap) if gap > 0 else float("nan"),
-                         "diff_lo": float(d_lo[j]), "diff_hi": float(d_hi[j]),
-                         "vs_best_fixed": float(sp[j] / sp[jb]), "vs_best_fixed_lo": float(r_lo[j]),
-                         "vs_best_fixed_hi": float(r_hi[j]), "upper": upper})
+                         "diff_lo": float(d_lo[i]), "diff_hi": float(d_hi[i]),
+                         "vs_best_fixed": float(sp[j] / sp[jb]), "vs_best_fixed_lo": float(r_lo[i]),
+                         "vs_best_fixed_hi": float(r_hi[i]), "upper": upper})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS), pd.DataFrame(gaps)
 
 

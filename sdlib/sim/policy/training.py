@@ -39,6 +39,8 @@ TRAIN_CONFIGS = (1, 32)
 MAX_STEPS = 15_000
 SEED = 0
 N_FOLDS = 2
+#: The committed, cross-fitted predictor for the reference traces (``sdlib simulate --save-predictor`` writes one).
+REFERENCE_PREDICTOR = "data/predictors/online_reference.json"
 
 
 def fold_of(dataset: str, request_id: str, n_folds: int = N_FOLDS) -> int:

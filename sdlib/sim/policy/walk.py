@@ -1,9 +1,10 @@
-"""Step records of any per-step policy, priced by either kind of cost model, and the loop that walks them.
+"""Step records of any per-step policy, priced by any cost model, and the loop that walks them.
 
 A policy's run is a :class:`PolicySteps`: every verify step of every request with what it drafted, which
-drafters ran, the engine path and the step's k. :func:`step_seconds` prices steps with a linear
-:class:`~sdlib.sim.costmodel.CostModel` (as :func:`sdlib.sim.oracle.sd_times` does) or with an
-:class:`~sdlib.sim.engine_costs.EngineCostModel` (path and k); :func:`request_times` adds the prefill.
+drafters ran, the engine path and the step's k. :func:`step_seconds` prices steps through the cost-model
+protocol (:class:`~sdlib.sim.costmodel.StepCostModel`: a linear :class:`~sdlib.sim.costmodel.CostModel`, as
+:func:`sdlib.sim.policy.walk.request_times` prices, or an :class:`~sdlib.sim.engine_costs.EngineCostModel`, by path and
+k); :func:`request_times` adds the prefill.
 
 Conventions (the ``corrected`` convention of :mod:`sdlib.sim.oracle`): a step starting with ``p`` output
 tokens reads ``acc[p]``; a request that mixes drafters runs to its output length (``len(output_token_ids)``)
@@ -30,8 +31,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sdlib.core.registry import KMAX
-from sdlib.sim.costmodel import CostModel
-from sdlib.sim.engine_costs import EngineCostModel
+from sdlib.sim.costmodel import StepCostModel
 from sdlib.sim.prepared import PreparedTraces
 
 #: Drafter codes in step records.
@@ -136,70 +136,45 @@ class PolicySteps:
 
 
 # --------------------------------------------------------------------------- pricing
-def step_seconds(cm, B: int, kv, n_i, k, eagle, eagle_n, ngram, path: str) -> np.ndarray:
-    """Seconds of decode steps at batch size ``B`` (vectorised over steps).
+def step_seconds(cm: StepCostModel, B: int, kv, n_i, k, eagle, eagle_n, ngram, path: str) -> np.ndarray:
+    """Seconds of decode steps at batch size ``B`` (vectorised over steps):
+    :meth:`~sdlib.sim.costmodel.StepCostModel.step_seconds`.
 
-    Linear :class:`CostModel`: ``T(kv, B*n_i) + overhead + eagle*EAGLE(kv, eagle_n) + ngram*ngram_frac*T``
-    (as :func:`sdlib.sim.oracle.sd_times`). :class:`EngineCostModel`: ``alpha[path](k, B) + a_kv*kv +
-    a_n*B*n_i`` (drafting is inside the measured steps; k = 0 is a plain decode step).
+    Linear :class:`~sdlib.sim.costmodel.CostModel`: ``T(kv, B*n_i) + overhead + eagle*EAGLE(kv, eagle_n) +
+    ngram*ngram_frac*T`` (as :func:`sdlib.sim.policy.walk.request_times`). :class:`~sdlib.sim.engine_costs.EngineCostModel`:
+    ``alpha[path](k, B) + a_kv*kv + a_n*B*n_i`` (drafting is inside the measured steps; k = 0 is a plain decode step).
     """
-    if isinstance(cm, EngineCostModel):
-        return cm.step_time(path, k, B, kv, n=B * np.asarray(n_i, dtype=float))
-    v = cm.verify_time(kv, B * np.asarray(n_i, dtype=float))
-    t = v + cm.overhead_s
-    t = t + np.asarray(eagle, dtype=float) * cm.draft_time("eagle3", kv, eagle_n)
-    return t + np.asarray(ngram, dtype=float) * cm.ngram_frac * v
+    return cm.step_seconds(B, kv, n_i, k, eagle, eagle_n, ngram, path)
 
 
-def request_times(inp: PolicyInputs, st: PolicySteps, cm, B: int) -> np.ndarray:
+def request_times(inp: PolicyInputs, st: PolicySteps, cm: StepCostModel, B: int) -> np.ndarray:
     """Per-request wall time with SD at ``B`` copies, s (prefill included)."""
     prep = inp.prep
     kv = float(B) * (prep.prompt_len[st.req] + st.pos)
-    t = step_seconds(cm, B, kv, st.n_i, st.k, st.eagle, st.eagle_n, st.ngram, st.path)
+    t = cm.step_seconds(B, kv, st.n_i, st.k, st.eagle, st.eagle_n, st.ngram, st.path)
     total = np.bincount(st.req, weights=st.weight * t, minlength=len(prep))
-    total = total + cm.prefill_time(float(B) * prep.prompt_len)
-    return total if isinstance(cm, EngineCostModel) else total + cm.overhead_s
+    return total + cm.prefill_seconds(float(B) * prep.prompt_len)
 
 
-def _prefill(cm, prep: PreparedTraces, B: int) -> np.ndarray:
-    pre = cm.prefill_time(float(B) * prep.prompt_len)
-    return pre + (0.0 if isinstance(cm, EngineCostModel) else cm.overhead_s)
-
-
-def no_sd_times(inp: PolicyInputs, L: np.ndarray, cm, B: int) -> np.ndarray:
+def no_sd_times(inp: PolicyInputs, L: np.ndarray, cm: StepCostModel, B: int) -> np.ndarray:
     """Per-request wall time without SD (prefill + ``L-1`` one-token steps), s."""
     prep = inp.prep
-    if isinstance(cm, CostModel):
-        return _linear_no_sd_times(prep, L, cm, B)
+
     steps = np.maximum(L - 1, 0)
     req = np.repeat(np.arange(len(prep)), steps)
     off = np.zeros(len(prep) + 1, dtype=np.int64)
     np.cumsum(steps, out=off[1:])
     c = np.arange(off[-1]) - off[req] + 1
-    t = cm.no_sd_time(B, float(B) * (prep.prompt_len[req] + c))
-    return np.bincount(req, weights=t, minlength=len(prep)) + _prefill(cm, prep, B)
+    t = cm.no_sd_step_seconds(B, float(B) * (prep.prompt_len[req] + c))
+    return np.bincount(req, weights=t, minlength=len(prep)) + cm.prefill_seconds(float(B) * prep.prompt_len)
 
 
-def _linear_no_sd_times(prep, output_len: np.ndarray, cm: CostModel, batch_size: int) -> np.ndarray:
-    """The authors' no-SD baseline: prefill + ``L-1`` one-token decode steps per copy, each ``T(kv, B) +
-    overhead``, s."""
-    B = float(batch_size)
-    steps = np.maximum(output_len - 1, 0)
-    req = np.repeat(np.arange(len(prep)), steps)
-    off = np.zeros(len(prep) + 1, dtype=np.int64)
-    np.cumsum(steps, out=off[1:])
-    c = np.arange(off[-1]) - off[req] + 1
-    t = cm.verify_time(B * (prep.prompt_len[req] + c), B) + cm.overhead_s
-    total = np.bincount(req, weights=t, minlength=len(prep))
-    return total + cm.prefill_time(B * prep.prompt_len) + cm.overhead_s
-
-
-def price_table(cm, B: int, kmax: int = KMAX) -> dict:
+def price_table(cm: StepCostModel, B: int, kmax: int = KMAX) -> dict:
     """Affine prices used by cost-aware policies: ``t(d, l, kv) = base[d][l] + slope[d]*kv (+ cu*catch-up)``
-    for d in NONE/NGRAM/EAGLE and l = 0..kmax drafted tokens (EAGLE drafts on the padded path, n-gram alone on
+    (``cu``: :attr:`~sdlib.sim.costmodel.StepCostModel.catch_up_s`) for d in NONE/NGRAM/EAGLE and l = 0..kmax drafted tokens (EAGLE drafts on the padded path, n-gram alone on
     the padded path too: the policies that use this table mix drafters). Built from :func:`step_seconds`."""
     ls = np.arange(kmax + 1)
-    out = {"base": {}, "slope": {}, "cu": 0.0}
+    out = {"base": {}, "slope": {}}
     for d in (NONE, NGRAM, EAGLE):
         e = 1.0 if d == EAGLE else 0.0
         args = dict(B=B, n_i=np.where(d == NONE, 1, ls + 1), k=np.where(d == NONE, 0, ls), eagle=e,
@@ -207,8 +182,7 @@ def price_table(cm, B: int, kmax: int = KMAX) -> dict:
         t0 = step_seconds(cm, kv=np.zeros(ls.size), **args)
         t1 = step_seconds(cm, kv=np.ones(ls.size), **args)
         out["base"][d], out["slope"][d] = t0, float(t1[0] - t0[0])
-    if isinstance(cm, CostModel):
-        out["cu"] = float(cm.eagle_n_s)
+    out["cu"] = cm.catch_up_s
     return out
 
 

@@ -1,0 +1,1 @@
+"""The bottom layer: definitions every stage shares; imports nothing from sdlib."""
