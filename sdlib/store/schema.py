@@ -38,6 +38,8 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("tok_per_s", "float64", "output tokens/s over the steady window (paper mode: mean over batches)"),
         ("tok_per_s_total", "float64", "output_tokens / wall_s"),
         ("num_engine_steps", "Int64", "engine steps taken for the measured requests"),
+        ("concurrency_mean", "float64", "measured concurrency: mean requests that produced output per engine step in the steady window (engine_steps.num_running; null in cells written before it was recorded)"),
+        ("concurrency_max", "Int64", "most requests that produced output in one engine step of the window; below batch_size the engine never ran the batch (the cell is a failure, not a number)"),
         ("counter_num_drafts", "Int64", "vLLM vllm:spec_decode_num_drafts, differenced over the cell"),
         ("counter_num_draft_tokens", "Int64", "vLLM vllm:spec_decode_num_draft_tokens, differenced"),
         ("counter_num_accepted_tokens", "Int64", "vLLM vllm:spec_decode_num_accepted_tokens, differenced"),
@@ -188,13 +190,22 @@ TABLES.update({
 })
 
 
+#: Columns added after tables were committed: a file without them reads with the column null (unknown); the
+#: committed files are never rewritten to add them.
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"runs": ("concurrency_mean", "concurrency_max")}
+
+
 def columns(table: str) -> list[str]:
     """Column names of ``table`` in order."""
     return [c for c, _, _ in TABLES[table]]
 
 
 def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns."""
+    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns (those of
+    :data:`ADDED_COLUMNS` are filled with nulls: unknown in older files)."""
+    added = [c for c in ADDED_COLUMNS.get(table, ()) if c not in df.columns]
+    if added:
+        df = df.assign(**{c: None for c in added})
     missing = [c for c in columns(table) if c not in df.columns]
     if missing:
         raise KeyError(f"{table}: missing columns {missing}")
