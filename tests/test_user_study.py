@@ -355,3 +355,11 @@ def test_newcomer_frictions():
     assert ipc_kernel_manager()().transport == "ipc"  # no "Kernel is running over TCP" warning per notebook
     doc = (REPO_ROOT / "docs" / "_readme_additions_user.md").read_text()
     assert ".venv/bin/sdlib" in doc and "@trained/" in doc and "results/" in doc
+
+
+def test_run_ids_with_dots_are_not_cut_at_the_first_dot(tmp_path):
+    """``llama-3.1-8b__...`` is one cell, not a stale ``llama-3`` (status used to advise cleaning a phantom)."""
+    store = SweepStore(tmp_path / "s")
+    store.write_failure("llama-3.1-8b__eagle3-k3-L2.5__gsm8k__bs1__r0__abc", {"error": "x"})
+    assert store.all_ids() == {"llama-3.1-8b__eagle3-k3-L2.5__gsm8k__bs1__r0__abc"}
+    assert SweepStore(SWEEPS_DIR / "h200_llama8b").stale_ids() == set()

@@ -39,7 +39,7 @@ EXIT_REASONS = {
 SHM_DIR = Path("/dev/shm")
 #: Seconds between two looks at which /dev/shm files an engine group maps: often while its engine starts (when
 #: vLLM makes them), rarely after (reading a process's memory map takes a lock the process also needs).
-SHM_TRACK_S = 0.2
+SHM_TRACK_S = 0.5
 SHM_TRACK_UP_S = 10.0
 
 

@@ -216,8 +216,9 @@ class SweepStore:
         ids = set()
         for sub in (*TABLE_ORDER, "failures", "replay"):
             d = self.dir / sub
-            if d.is_dir():
-                ids |= {p.name.split(".")[0] for p in d.iterdir() if not p.name.startswith(".")}
+            if d.is_dir():  # a run id may hold dots (llama-3.1-8b): strip the suffix, not at the first dot
+                ids |= {p.name[: -len(p.suffix)] for p in d.iterdir()
+                        if not p.name.startswith(".") and p.suffix in (".parquet", ".json")}
         return ids
 
     def remove_cells(self, run_ids: set[str]) -> int:
