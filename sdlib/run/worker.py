@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         if err.errno not in WRITE_ERRNOS:
             raise
         name = errno.errorcode.get(err.errno, "")
-        print(f"worker: cannot write results: {err.filename or ''}: {err.strerror} ({name})", file=sys.stderr,
-              flush=True)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"worker: cannot write results: {where}{err.strerror or err} ({name})", file=sys.stderr, flush=True)
         return EXIT_CANNOT_WRITE
     finally:
         if not supervisor_alive():  # orphaned: nobody else ends what vLLM started or cleans /dev/shm after it
