@@ -24,6 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, transformers, sdlib; from transformers import LlamaForCausalLM; print('vllm', vllm.__version__)"
 	touch $@
+	@echo "sdlib is installed in $(VENV): run $(VENV)/bin/sdlib, or 'source $(VENV)/bin/activate' first"
 
 setup: $(VENV)/.installed
 
@@ -73,6 +74,7 @@ notebooks: setup
 	$(PY) -m sdlib.plots.notebooks --out build/notebooks
 
 figures: sweep traces confidences costmodels predictor serving notebooks
+	@echo "figures/ redrawn; the command line is $(VENV)/bin/sdlib (or 'source $(VENV)/bin/activate', then sdlib)"
 
 # notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary
 # folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py)
@@ -97,8 +99,11 @@ roofline:
 
 # JupyterLab on 127.0.0.1 (no browser; open the printed URL). As root (containers) it needs --allow-root.
 LAB_PORT ?= 8888
-lab: setup
+$(VENV)/.lab-installed: $(VENV)/.installed pyproject.toml
 	$(PIP) install -q -e ".[lab]"
+	touch $@
+
+lab: $(VENV)/.lab-installed
 	$(VENV)/bin/jupyter lab notebooks/ --no-browser --ip 127.0.0.1 --port $(LAB_PORT) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) --ServerApp.root_dir=$(CURDIR)
 

@@ -78,11 +78,18 @@ def _delegate(args) -> int:
     return int(rc or 0)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad command line answered in one line (exit 2), as a bad config is."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sdlib import __version__
 
-    ap = argparse.ArgumentParser(prog="sdlib", description=DESCRIPTION,
-                                 epilog="Each command has --help. Docs: README.md, docs/, data/README.md.")
+    ap = OneLineParser(prog="sdlib", description=DESCRIPTION,
+                       epilog="Each command has --help. Docs: README.md, docs/, data/README.md.")
     ap.add_argument("--version", action="version", version=f"sdlib {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="<command>")
     add_sweep_parsers(sub)
@@ -102,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def os_error_line(err: OSError) -> str:
+    """``<file>: <why>`` for an OSError (what the user can act on), e.g. ``out/x.parquet: No space left on
+    device (ENOSPC)``."""
+    import errno
+
+    name = errno.errorcode.get(err.errno or 0)
+    why = f"{err.strerror or err}{f' ({name})' if name else ''}"
+    return f"{err.filename}: {why}" if err.filename else why
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -109,11 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM outside a sweep (a sweep says what it kept itself)
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:  # a full disk, a read-only folder, ...: one line naming the file, not a traceback
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

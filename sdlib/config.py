@@ -27,7 +27,7 @@ from pydantic.dataclasses import dataclass
 
 import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)
 from sdlib.core.registry import METHODS as METHOD_SPECS, POLICIES as POLICY_SPECS, RegistryError, engine_label, method_spec, replay_names, replay_ref
-from sdlib.paths import SWEEPS_DIR, repo_relative, resolve
+from sdlib.paths import SWEEPS_DIR, repo_relative, resolve, results_base
 from sdlib.sim import replay as sim_replay
 
 #: SD methods (:data:`sdlib.core.registry.METHODS`); ``custom`` = a user proposer class (``model:
@@ -48,8 +48,13 @@ def _no_bool(v: Any) -> Any:
     return v
 
 
-#: a number field that refuses booleans (YAML's ``true`` is not 1)
-Float = Annotated[float, BeforeValidator(_no_bool)]
+#: a number field that refuses booleans (YAML's ``true`` is not 1), NaN and infinities
+Float = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+#: Upper bounds on counts: far above any real sweep, low enough that a typo (1e9) fails here, not in the engine.
+MAX_REQUESTS = 100_000
+MAX_BATCH_SIZE = 65_536
+#: Seeds go to Python's, NumPy's and torch's generators: NumPy takes 0 .. 2**32 - 1.
+Seed = Annotated[int, Field(strict=True, ge=0, le=2 ** 32 - 1)]
 
 
 class ConfigError(ValueError):
@@ -262,15 +267,15 @@ class WorkloadConfig:
     """A dataset and how to sample it (temperature 0 = greedy)."""
 
     dataset: Literal[DATASETS]
-    num_requests: StrictInt = Field(32, ge=1)
+    num_requests: StrictInt = Field(32, ge=1, le=MAX_REQUESTS)
     max_output_tokens: StrictInt = Field(256, ge=1)
-    temperature: Float = Field(0.0, ge=0.0)
-    seed: StrictInt = 42
+    temperature: Float = Field(0.0, ge=0.0, le=100.0)
+    seed: Seed = 42
     # reference: the authors' traces' token ids; traces: one of our trace files (path), sdlib.sim.traces
     source: Literal["auto", "local", "package", "hub", "reference", "traces"] = "auto"
     path: Optional[str] = None  # local JSONL (source "local", tried first by "auto"); a trace file (source "traces")
     max_prompt_tokens: Optional[StrictInt] = Field(None, ge=1)  # drop longer prompts
-    chat_template: Optional[bool] = None  # default: on, except AIME (the paper's setting)
+    chat_template: Optional[StrictBool] = None  # default: on, except AIME (the paper's setting)
     ignore_eos: StrictBool = False
     # trace sources: keep only requests whose n-gram and EAGLE-3 acceptance lists cover the output up to
     # max_output_tokens, so every method replays the same output length (needed by trace replay)
@@ -308,14 +313,14 @@ class EngineConfig:
 
     gpu_memory_utilization: Float = Field(0.9, gt=0.0, le=1.0)
     enforce_eager: StrictBool = False
-    max_num_seqs: Optional[StrictInt] = Field(None, ge=1)  # default: the largest batch size
+    max_num_seqs: Optional[StrictInt] = Field(None, ge=1, le=MAX_BATCH_SIZE)  # default: the largest batch size
     enable_prefix_caching: StrictBool = False  # the paper turned it off
     # time drafting / verification / sampling per cell (sdlib.vllm.phase_hooks); runs the engine core
     # in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the hooks reach the model runner
     phase_timers: StrictBool = False
     extra: dict[str, Any] = Field(default_factory=dict)
     # an engine not up within this many seconds is ended and its cells recorded as failed (sdlib.run.supervise)
-    startup_timeout_s: Float = Field(1800.0, gt=0)
+    startup_timeout_s: Float = Field(1800.0, gt=0, le=7 * 86400.0)
     # zero the target's final norm after load, so its greedy token is always 0 (trace replay, sdlib.vllm.replay)
     pin_target: StrictBool = False
 
@@ -400,9 +405,9 @@ class SweepConfig:
     methods: list[MethodConfig]
     workloads: list[WorkloadConfig]
     batch_sizes: list[StrictInt]
-    repeats: StrictInt = Field(1, ge=1)
+    repeats: StrictInt = Field(1, ge=1, le=1000)
     batch_mode: Literal[BATCH_MODES] = "closed_loop"
-    warmup_requests: StrictInt = Field(2, ge=0)  # requests run (and dropped) before each cell's window
+    warmup_requests: StrictInt = Field(2, ge=0, le=MAX_REQUESTS)  # requests run (and dropped) before each cell's window
     # "cell": warm up before every cell; "batch_size": once per (engine, batch size), with the cell's prompts
     # (cheaper on a GPU; graph capture and JIT depend on shapes, not prompts)
     warmup_scope: Literal["cell", "batch_size"] = "cell"
@@ -412,15 +417,15 @@ class SweepConfig:
     warmup_tokens: Optional[StrictInt] = Field(None, ge=1)
     # closed loop: measure max(num_requests, requests_per_slot x B) requests per cell, so large
     # batches get a steady window; prompts are reused (cycled) when the workload has fewer
-    requests_per_slot: Optional[StrictInt] = Field(None, ge=1)
+    requests_per_slot: Optional[StrictInt] = Field(None, ge=1, le=1000)
     # every engine is started this many times (a fresh process each), its cells run on each start; with order
     # "abba" the starts alternate the engines' order and, within an engine, each (dataset, batch size) block runs
     # its arms forward and backward in turn (over repeats and starts: A B | B A), so drift hits every arm alike
-    engine_starts: StrictInt = Field(1, ge=1)
+    engine_starts: StrictInt = Field(1, ge=1, le=100)
     order: Literal["config", "abba"] = "config"
-    results_dir: Optional[str] = None  # default: data/sweeps
+    results_dir: Optional[str] = None  # default: sdlib.paths.results_base (data/sweeps for configs/, else beside the config)
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    seed: StrictInt = 0
+    seed: Seed = 0
     description: str = ""
 
     @field_validator("name")
@@ -433,6 +438,8 @@ class SweepConfig:
     def _bs(cls, v: list[int]) -> list[int]:
         if not v or any(b < 1 for b in v):
             raise ValueError("batch sizes must be a non-empty list of integers >= 1")
+        if max(v) > MAX_BATCH_SIZE:
+            raise ValueError(f"batch size {max(v)} is above {MAX_BATCH_SIZE}")
         return sorted(set(v))
 
     @model_validator(mode="after")
@@ -447,6 +454,11 @@ class SweepConfig:
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"{what}: duplicate names {dup} (set 'name'/'label' to tell them apart)")
+            for i, n in enumerate(names):  # names become parts of file names (run ids, logs, engine specs)
+                try:
+                    check_name(n, "name" if what != "methods" else "label")
+                except ValueError as err:
+                    raise ValueError(f"{what}.{i}: {err}") from None
         model_names = {m.name for m in self.models}
         for m in self.methods:
             for t in m.targets or []:
@@ -495,9 +507,9 @@ class SweepConfig:
 
     @property
     def out_dir(self) -> Path:
-        """The sweep's folder: ``<results_dir>/<name>``."""
-        base = resolve(self.results_dir) if self.results_dir else SWEEPS_DIR
-        return base / self.name
+        """The sweep's folder: ``<results_dir>/<name>`` (``results_dir`` is filled by :func:`load_sweep` from the
+        rule of :func:`sdlib.paths.results_base`; a config built in code without one writes to data/sweeps)."""
+        return results_base(None, self.results_dir) / self.name
 
     def engine_name(self, method: MethodConfig) -> str:
         """The engine a method's cells run on: its engine label for a replay (replays of one engine share it),
@@ -611,13 +623,36 @@ def parse_sweep(data: dict[str, Any]) -> SweepConfig:
         raise ConfigError(str(err).splitlines()[0]) from None
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hashable = key in seen
+            except TypeError:
+                continue
+            if hashable:
+                raise _DuplicateKey(f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> SweepConfig:
     """Read a sweep YAML; ``overrides`` (top-level keys) replace the file's values."""
     p = resolve(path)
     if not p.is_file():
         raise ConfigError(f"config: file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as err:
+        raise ConfigError(f"config: {p.name}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -630,7 +665,12 @@ def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> 
         raise ConfigError(f"config: {p.name} must be a mapping of keys (name, models, methods, ...), "
                           f"not a {type(data).__name__}")
     data.update(overrides or {})
-    return parse_sweep(_paths_from(data, p.parent))
+    data = _paths_from(data, p.parent)
+    if not data.get("results_dir"):  # the rule (sdlib.paths.results_base): beside the config unless in configs/
+        base = results_base(p)
+        if base != SWEEPS_DIR:
+            data["results_dir"] = repo_relative(base)
+    return parse_sweep(data)
 
 
 def _inside_config_dir(value: Any, base: Path, always_path: bool = False) -> Any:

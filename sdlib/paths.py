@@ -23,8 +23,14 @@ CACHE_DIR: Path = Path(os.environ.get("SDLIB_CACHE_DIR", REPO_ROOT / ".cache"))
 MODELS_DIR: Path = CACHE_DIR / "models"
 #: The trained embedded models (``sdlib train``), committed: ``@trained/<component>``.
 TRAINED_MODELS_DIR: Path = DATA_DIR / "models"
-#: Default results directory for sweeps: one folder per sweep.
+#: Results of the committed sweeps (configs in ``configs/``): one folder per sweep.
 SWEEPS_DIR: Path = DATA_DIR / "sweeps"
+#: The folder beside a config outside ``configs/`` that holds its results: ``<config folder>/results/<name>/``.
+RESULTS_FOLDER = "results"
+#: The rule :func:`results_base` applies, in words (``--help`` texts and data/README.md say the same).
+RESULTS_RULE = ("Results go to <base>/<name>/, where <base> is --results-dir (from the current folder) if given, "
+                "else results_dir in the config (from the config's folder), else data/<kind>/ in the repository "
+                "for a config in its configs/ folder (the committed results), else results/ beside the config.")
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:
@@ -44,6 +50,28 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         return CACHE_DIR / "shapes" / s[len("@shapes/"):]
     p = Path(s).expanduser()
     return p if p.is_absolute() else (REPO_ROOT / p)
+
+
+def results_base(config_file: "str | os.PathLike[str] | None" = None, results_dir: "str | None" = None,
+                 kind: str = "sweeps") -> Path:
+    """The folder that holds a sweep's results folder (``<base>/<name>/``): the one rule, :data:`RESULTS_RULE`.
+
+    ``results_dir`` (the command line's ``--results-dir`` or the config's ``results_dir``, already resolved by
+    the caller from where the user stands or from the config's folder) wins. Otherwise a config in the
+    repository's ``configs/`` folder (or none: a config built in code) writes to ``data/<kind>/`` (the
+    committed sweeps, which the notebooks read), and any other config to ``results/`` beside itself, so a
+    study kept outside the repository never writes into it. ``kind``: ``sweeps`` or ``serving``.
+    """
+    if results_dir:
+        return resolve(results_dir)
+    if config_file is None:
+        return DATA_DIR / kind
+    f = Path(config_file).expanduser().resolve()
+    try:
+        f.relative_to(CONFIGS_DIR.resolve())
+        return DATA_DIR / kind
+    except ValueError:
+        return f.parent / RESULTS_FOLDER
 
 
 def repo_relative(path: str | os.PathLike[str]) -> str:

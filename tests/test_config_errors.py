@@ -4,6 +4,7 @@ with one line that names the field, before any engine starts."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from sdlib import cli
 from sdlib.paths import MODELS_DIR
+from sdlib.vllm.options import is_cpu_build
 
 BASE = {
     "name": "bad",
@@ -104,6 +106,83 @@ CASES = [
     ("top-unknown-key", _set("modles", []), "modles: unknown key (valid keys here: name, models"),
 ]
 
+# issue 22 (a user's own study, round 2): inputs that passed validation and failed only after an engine
+# started, or not at all
+def _chain(*fs):
+    def f(cfg):
+        for g in fs:
+            cfg = g(cfg)
+        return cfg
+    return f
+
+
+CUSTOM = {"dataset": "custom", "name": "mine", "num_requests": 2, "max_output_tokens": 8}
+NEW_CASES = [
+    # engine settings that cap the batch below a cell's batch size (the cell would be mislabelled)
+    ("max-num-seqs-below-batch", _set("engine.max_num_seqs", 1), "engine.max_num_seqs: 1 is below batch size 2"),
+    ("batched-tokens-below-batch", _set("engine.extra", {"max_num_batched_tokens": 4}),
+     "engine.extra.max_num_batched_tokens: 4 is below the 8 tokens"),
+    pytest.param("kv-cache-too-small", _set("engine.gpu_memory_utilization", 1e-7), "KV cache at most",
+                 id="kv-cache-too-small", marks=pytest.mark.skipif(not is_cpu_build(), reason="the KV cache is known before start-up only "
+                                                                       "on the CPU build")),
+    ("requests-below-batch", _set("workloads.0.num_requests", 1), "cannot keep batch size 2 in flight"),
+    # prompts the engine would refuse or drop
+    ("token-id-outside-vocab", _set("workloads.0", {**CUSTOM, "path": "ids_big.jsonl"}),
+     "token id 99999 is outside models.0's vocabulary (vocab_size 4096"),
+    ("every-prompt-too-long-ids", _set("workloads.0", {**CUSTOM, "path": "ids_long.jsonl"}),
+     "none of the 1 prompts fits models.0.max_model_len 512"),
+    ("every-prompt-too-long-text", _set("workloads.0.path", "long_prompts.jsonl"),
+     "none of the 2 prompts fits models.0.max_model_len 512"),
+    ("prompt-over-max-prompt-tokens", _set("workloads.0", {**CUSTOM, "path": "ids_short.jsonl",
+                                                           "max_prompt_tokens": 1}), "fits max_prompt_tokens 1"),
+    ("output-fills-the-context", _set("workloads.0.max_output_tokens", 512), "leaves no room for a prompt"),
+    ("non-utf8-dataset", _set("workloads.0.path", "latin1.jsonl"), "not UTF-8 text"),
+    ("non-utf8-custom", _set("workloads.0", {**CUSTOM, "path": "latin1.jsonl"}), "not UTF-8 text"),
+    ("not-gzip", _set("workloads.0.path", "fake.jsonl.gz"), "not a whole gzip file"),
+    ("json-list-broken", _set("workloads.0.path", "broken_list.json"), "not valid JSON"),
+    ("hub-dataset-offline", _set("workloads.0", {"dataset": "gsm8k", "source": "hub", "num_requests": 2,
+                                                 "max_output_tokens": 8}), "Hugging Face Hub, which is unreachable"),
+    ("no-package-for-dataset", _set("workloads.0", {"dataset": "gsm8k", "source": "package", "num_requests": 2,
+                                                    "max_output_tokens": 8}), "no package ships 'gsm8k'"),
+    # speculative options vLLM's SpeculativeConfig would refuse at start-up
+    ("spec-option-unknown", _set("methods.1.options", {"prompt_lookup_maxx": 5}),
+     "methods.1.options: 'prompt_lookup_maxx' is not a speculative option of the installed vLLM (did you mean "
+     "'prompt_lookup_max'?)"),
+    ("spec-option-type", _set("methods.1.options", {"prompt_lookup_max": "five"}),
+     "methods.1.options: prompt_lookup_max: 'five' is not an integer"),
+    ("spec-option-bound", _set("methods.1.options", {"prompt_lookup_min": 0}), "prompt_lookup_min: 0 must be >= 1"),
+    ("spec-option-value", _set("methods.3.options", {"rejection_sample_method": "magic"}),
+     "rejection_sample_method: 'magic' is not one of"),
+    ("spec-option-internal", _set("methods.2.options", {"draft_model_config": {}}), "is not a speculative option"),
+    ("ngram-min-above-max", _set("methods.1.options", {"prompt_lookup_min": 6, "prompt_lookup_max": 2}),
+     "prompt_lookup_min 6 is above prompt_lookup_max 2"),
+    # engine arguments
+    ("extra-sets-an-sdlib-field", _set("engine.extra", {"max_model_len": 100}),
+     "engine.extra.max_model_len: sdlib sets it; set models.N.max_model_len instead"),
+    ("extra-wrong-type", _set("engine.extra", {"max_num_batched_tokens": "lots"}),
+     "engine.extra.max_num_batched_tokens: 'lots' is not an integer"),
+    # numbers no run can use
+    ("num-requests-absurd", _set("workloads.0.num_requests", 10 ** 9), "workloads.0.num_requests"),
+    ("batch-size-absurd", _set("batch_sizes", [1, 10 ** 7]), "batch size 10000000 is above"),
+    ("requests-per-slot-absurd", _set("requests_per_slot", 10 ** 6), "requests_per_slot"),
+    ("repeats-absurd", _set("repeats", 10 ** 6), "repeats"),
+    ("seed-negative", _set("seed", -1), "seed"),
+    ("workload-seed-huge", _set("workloads.0.seed", 2 ** 40), "workloads.0.seed"),
+    ("temperature-nan", _set("workloads.0.temperature", float("nan")), "workloads.0.temperature"),
+    ("temperature-inf", _set("workloads.0.temperature", float("inf")), "workloads.0.temperature"),
+    ("gpu-mem-nan", _set("engine.gpu_memory_utilization", float("nan")), "engine.gpu_memory_utilization"),
+    ("startup-timeout-absurd", _set("engine.startup_timeout_s", 1e12), "engine.startup_timeout_s"),
+    # what YAML or file names cannot carry
+    ("duplicate-yaml-key", "name: x\nbatch_sizes: [1]\nbatch_sizes: [2]\n", "key 'batch_sizes' is given twice"),
+    ("model-name-slash", _set("models.0.name", "a/b"), "models.0: name 'a/b'"),
+    ("method-label-slash", _set("methods.1.label", "n/g"), "methods.1: label 'n/g'"),
+    ("chat-template-text", _set("workloads.0.chat_template", "yes"), "workloads.0.chat_template"),
+    # where results go
+    ("results-dir-is-a-file", _set("results_dir", "prompts.jsonl"), "is a file, not a folder"),
+]
+CASES = CASES + NEW_CASES
+PARAMS = [c if hasattr(c, "values") else pytest.param(*c, id=c[0]) for c in CASES]
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
@@ -114,6 +193,14 @@ def folder(tmp_path_factory):
     (d / "prompts.jsonl").write_text('{"question": "1 + 1?"}\n{"question": "2 + 2?"}\n')
     (d / "broken.jsonl").write_text('{"question": "1 + 1?"}\n{"question": \n')
     (d / "empty_prompts.jsonl").write_text('{"prompt": ""}\n{"prompt": "  "}\n')
+    (d / "ids_big.jsonl").write_text('{"prompt_token_ids": [5, 6]}\n{"prompt_token_ids": [5, 99999]}\n')
+    (d / "ids_long.jsonl").write_text(json.dumps({"prompt_token_ids": [5] * 600}) + "\n")
+    (d / "ids_short.jsonl").write_text('{"prompt_token_ids": [5, 6, 7]}\n')
+    long_q = " ".join(f"word{i} and" for i in range(1500))
+    (d / "long_prompts.jsonl").write_text("".join(json.dumps({"question": long_q + s}) + "\n" for s in "ab"))
+    (d / "latin1.jsonl").write_bytes('{"question": "caf\u00e9?", "prompt": "caf\u00e9?"}\n'.encode("latin-1"))
+    (d / "fake.jsonl.gz").write_text('{"question": "1 + 1?"}\n')
+    (d / "broken_list.json").write_text('[{"question": "1 + 1?"}, {"question": \n')
     return d
 
 
@@ -132,10 +219,34 @@ def test_the_base_config_is_valid(folder, no_engine, capsys):
 
 
 def test_at_least_forty_cases():
-    assert len(CASES) >= 40
+    assert len(CASES) >= 40 and len(NEW_CASES) >= 20
 
 
-@pytest.mark.parametrize("case,change,expect", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("argv,expect", [
+    (["--num-requests", "0"], "--num-requests: expected an integer >= 1, got '0'"),
+    (["--num-requests", "-3"], "--num-requests: expected an integer >= 1"),
+    (["--num-requests", "many"], "--num-requests: expected an integer >= 1, got 'many'"),
+    (["--num-requests", str(10 ** 9)], "--num-requests 1000000000: workloads.0.num_requests"),
+    (["--batch-sizes", "0"], "--batch-sizes: expected integers >= 1"),
+    (["--methods", "medusa"], "--methods: ['medusa'] are not methods"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+], ids=["num-requests-0", "num-requests-negative", "num-requests-text", "num-requests-absurd", "batch-sizes-0",
+        "methods-unknown", "unknown-flag"])
+def test_bad_command_line_fails_fast_in_one_line(folder, no_engine, capsys, argv, expect):
+    p = folder / "base.yaml"
+    p.write_text(yaml.safe_dump(BASE))
+    t0 = time.perf_counter()
+    try:
+        rc = cli.main(["sweep", str(p), *argv])
+    except SystemExit as e:  # argparse exits (one line: sdlib.cli.OneLineParser)
+        rc = e.code
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and took < 1.0, (rc, took, err)
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and expect in err, err
+
+
+@pytest.mark.parametrize("case,change,expect", PARAMS)
 def test_malformed_config_fails_fast_in_one_line(folder, no_engine, capsys, case, change, expect):
     p = folder / f"{case}.yaml"
     if isinstance(change, bytes):

@@ -106,7 +106,7 @@ def test_rerun_of_a_finished_sweep_changes_no_file(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{"max_position_embeddings": 4096}')
     cfg = parse_sweep({"name": "done", "results_dir": str(tmp_path / "sw"), "models": [{"path": str(model)}],
-                       "methods": [{"name": "none"}], "workloads": [{"dataset": "gsm8k"}], "batch_sizes": [1, 2]})
+                       "methods": [{"name": "none"}], "workloads": [{"dataset": "code_edit"}], "batch_sizes": [1, 2]})
     store = SweepStore(cfg.out_dir)
     for c in cfg.cells():  # every cell finished, and the config's cells recorded, as a first run leaves them
         store.write_cell(c.run_id, {t: empty_table(t) for t in ("runs", "requests", "steps", "engine_steps")})

@@ -101,7 +101,11 @@ def test_edited_config_never_mixes_old_cells(study, tmp_path, capsys):
     assert cli.main(["status", str(p)]) == 0
     out = capsys.readouterr().out
     assert "4 done" in out and "4 stale cell(s)" in out and "sdlib clean --stale" in out
-    assert cli.main(["clean", str(p), "--stale"]) == 0
+    assert cli.main(["clean", str(p), "--stale"]) == 1  # no terminal to ask, no --yes: it lists and keeps
+    out = capsys.readouterr().out
+    assert "would delete 4 cell(s), 20 file(s)" in out and "nothing deleted" in out and "--yes" in out
+    assert len(store.read("runs", current_only=False)) == 8
+    assert cli.main(["clean", str(p), "--stale", "--yes"]) == 0
     assert len(store.read("runs", current_only=False)) == 4 and not store.stale_ids()
 
 
@@ -122,10 +126,10 @@ def test_corrupt_files_are_not_done_and_never_a_traceback(study, tmp_path, capsy
     (store.dir / "requests" / sorted((store.dir / "requests").glob("*.parquet"))[1].name).write_bytes(b"")
     assert len(store.done_ids()) == 2 and len(store.corrupt_ids()) == 2
     with pytest.warns(UserWarning, match="unreadable"):
-        assert len(store.read("runs")) == 3
+        assert len(store.read("runs")) == 2  # neither damaged cell is read, not even its intact runs row
     capsys.readouterr()
     assert cli.main(["status", str(p)]) == 0
-    assert "2 unreadable (rerun)" in capsys.readouterr().out
+    assert "2 damaged (rerun)" in capsys.readouterr().out
     assert cli.main(["sweep", str(p), "--no-summary"]) == 0  # the two are rerun
     assert len(store.done_ids()) == 4
 

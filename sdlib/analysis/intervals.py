@@ -250,8 +250,9 @@ def sweep_intervals(sweep_dir: str | Path, n_boot: int = N_BOOT, level: float = 
 
     runs = read_table(sweep_dir, "runs") if runs is None else runs
     modes = set(runs["batch_mode"].astype(str))
-    es = read_table(sweep_dir, "engine_steps") if "closed_loop" in modes else None
-    rq = read_table(sweep_dir, "requests") if "paper" in modes else None
+    ids = set(runs["run_id"])  # exactly the cells of ``runs`` (a report of a config reads that config's cells)
+    es = read_table(sweep_dir, "engine_steps", cells=ids) if "closed_loop" in modes else None
+    rq = read_table(sweep_dir, "requests", cells=ids) if "paper" in modes else None
     samples = cell_samples(runs, es, rq)
     tp = throughput_intervals(runs, samples, n_boot, level)
     return tp, speedup_intervals(runs, samples, n_boot, level, tp=tp)

@@ -46,13 +46,18 @@ def acceptance_table(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     s["drafted"] = s["drafted"].astype("Float64")
     s["accepted"] = s["accepted"].astype("Float64")
     s["is_draft"] = s["drafted"].fillna(0) > 0
-    agg = s.groupby("run_id").apply(
-        lambda d: pd.Series({
-            "steps": len(d),
-            "drafts": int(d["is_draft"].sum()),
-            "drafted_tokens": float(d.loc[d["is_draft"], "drafted"].sum()),
-            "accepted_tokens": float(d.loc[d["is_draft"], "accepted"].sum()),
-        }), include_groups=False).reset_index()
+    if s.empty:  # no SD anywhere (a sweep of no-SD cells only): no step drafted
+        agg = pd.DataFrame({"run_id": pd.Series(dtype="string"), "steps": pd.Series(dtype="int64"),
+                            "drafts": pd.Series(dtype="int64"), "drafted_tokens": pd.Series(dtype="float64"),
+                            "accepted_tokens": pd.Series(dtype="float64")})
+    else:
+        agg = s.groupby("run_id").apply(
+            lambda d: pd.Series({
+                "steps": len(d),
+                "drafts": int(d["is_draft"].sum()),
+                "drafted_tokens": float(d.loc[d["is_draft"], "drafted"].sum()),
+                "accepted_tokens": float(d.loc[d["is_draft"], "accepted"].sum()),
+            }), include_groups=False).reset_index()
     agg["mean_acceptance_length"] = 1 + agg["accepted_tokens"] / agg["drafts"].replace(0, np.nan)
     agg["acceptance_rate"] = agg["accepted_tokens"] / agg["drafted_tokens"].replace(0, np.nan)
     meta = runs[["run_id"] + KEYS + ["method", "method_label", "num_spec_tokens", "repeat",

@@ -103,6 +103,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     eng_rows = [{"run_id": run_id, **vars(s), "num_scheduled_tokens": sched.get(s.engine_step, 0)}
                 for s in result.steps]
     out_tokens = sum(len(r.token_ids) for r in result.requests)
+    conc_mean, conc_max = concurrency(result.steps)
     runs = pd.DataFrame([{
         "run_id": run_id,
         "sweep": sweep,
@@ -123,6 +124,8 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "tok_per_s": result.tok_per_s,
         "tok_per_s_total": out_tokens / result.wall_s if result.wall_s > 0 else float("nan"),
         "num_engine_steps": len(result.steps),
+        "concurrency_mean": conc_mean,
+        "concurrency_max": conc_max,
         "counter_num_drafts": counters["num_drafts"],
         "counter_num_draft_tokens": counters["num_draft_tokens"],
         "counter_num_accepted_tokens": counters["num_accepted_tokens"],
@@ -138,6 +141,30 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "steps": conform("steps", steps),
         "engine_steps": conform("engine_steps", pd.DataFrame(eng_rows, columns=_cols("engine_steps"))),
     }
+
+
+def concurrency(steps) -> tuple[float, Optional[int]]:
+    """Measured concurrency of a cell: (mean, max) requests that produced output per engine step of the steady
+    window (``engine_steps.num_running``); (NaN, None) without steps."""
+    win = [s.num_running for s in steps if s.in_window] or [s.num_running for s in steps]
+    return (sum(win) / len(win), max(win)) if win else (float("nan"), None)
+
+
+class ConcurrencyShortfall(RuntimeError):
+    """The engine never ran a cell's batch size at once: the cell would measure a smaller batch under its label."""
+
+
+def check_concurrency(cell, runs: pd.DataFrame) -> None:
+    """:class:`ConcurrencyShortfall` when no engine step of the cell's window ran ``batch_size`` requests (an
+    engine setting or the KV cache capped the batch below B): not a bs-B measurement."""
+    mx = runs["concurrency_max"].iloc[0]
+    if pd.isna(mx) or int(mx) >= cell.batch_size:
+        return
+    raise ConcurrencyShortfall(
+        f"measured concurrency {runs['concurrency_mean'].iloc[0]:.2f} (at most {int(mx)} requests per engine step) "
+        f"is below batch size {cell.batch_size}: the engine capped the batch (max_num_seqs, max_num_batched_tokens "
+        "or a KV cache too small for the batch); not recorded as a bs "
+        f"{cell.batch_size} cell")
 
 
 def _emit(run_id: str, r, rows: list[dict], k: int, sched: dict, step_rows: list) -> None:

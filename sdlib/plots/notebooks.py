@@ -79,8 +79,34 @@ def execute(run: NotebookRun, out_dir: str | Path, figures_dir: Optional[str | P
     out = Path(out_dir) / f"{run.name}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
     pm.execute_notebook(str(run.path), str(out), parameters=run_parameters(run, figures_dir), kernel_name="python3",
-                        progress_bar=progress, cwd=str(REPO_ROOT))
+                        progress_bar=progress, cwd=str(REPO_ROOT), kernel_manager_class=ipc_kernel_manager())
     return out
+
+
+def ipc_kernel_manager():
+    """A Jupyter kernel manager that talks to its kernel over local (IPC) sockets in a private temporary
+    folder, not TCP: nothing listens on the network, and the kernel does not warn "Kernel is running over TCP
+    without encryption" once per notebook."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
+    from traitlets import CaselessStrEnum, default
+
+    class IPCKernelManager(KernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            return str(Path(tempfile.mkdtemp(prefix="sdlib-kernel-")) / "kernel")
+
+        def cleanup_ipc_files(self) -> None:
+            super().cleanup_ipc_files()
+            try:
+                Path(self.ip).parent.rmdir()  # the private folder, once its sockets are gone
+            except OSError:
+                pass
+
+    return IPCKernelManager
 
 
 def main(argv=None) -> int:

@@ -19,10 +19,12 @@ from collections import Counter
 from pathlib import Path
 
 from sdlib.config import ConfigError, SweepConfig, load_sweep
+from sdlib.paths import RESULTS_RULE
 
 PATHS_HELP = ("Paths: on the command line from the current folder; inside a config from the config's folder; "
               "@trained/<part> = the committed trained models (data/models), @models/<part> = random-weight "
-              "tiny models (sdlib models), @shapes/<name> = paper-scale shapes for dummy weights.")
+              "tiny models (sdlib models), @shapes/<name> = paper-scale shapes for dummy weights. "
+              + RESULTS_RULE.replace("<kind>", "sweeps"))
 
 
 def _ints(text: str) -> list[int]:
@@ -35,6 +37,17 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+def _count(text: str) -> int:
+    """A count >= 1 (``--num-requests``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
 def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -44,12 +57,15 @@ def _load(args) -> SweepConfig:
     if getattr(args, "results_dir", None):
         overrides["results_dir"] = str(Path(args.results_dir).expanduser().resolve())
     sweep = load_sweep(Path(args.config).expanduser().resolve(), overrides)
-    if getattr(args, "num_requests", None):
+    if getattr(args, "num_requests", None) is not None:
         from sdlib.config import parse_sweep
 
         d = sweep.to_dict()
         d["workloads"] = [{**w, "num_requests": args.num_requests} for w in d["workloads"]]
-        sweep = parse_sweep(d)
+        try:
+            sweep = parse_sweep(d)
+        except ConfigError as err:
+            raise ConfigError(f"--num-requests {args.num_requests}: {err}") from None
     return sweep
 
 
@@ -101,17 +117,32 @@ def cmd_sweep(args) -> int:
                 print(f"  {c.run_id}")
         print(f"{sweep.name}: would run {n} cell(s); results in {sweep.out_dir} (dry run: nothing started)")
         return 0
+    import signal
+
+    from sdlib.run.sweep import _on_sigterm
+
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM as Ctrl-C: one line, not a traceback
     try:
         store = run_sweep(sweep, retry_failed=not args.skip_failed, only_methods=methods or None,
                           verbose=args.verbose, only=only or None)
     except SweepBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGINT, SIGTERM: the engine group is ended; say what is kept
+        store = SweepStore(sweep.out_dir)
+        ids = {c.run_id for c in sweep.cells()}
+        done = len(store.done_ids() & ids)
+        why = " (SIGTERM)" if str(err) == "SIGTERM" else ""
+        print(f"{sweep.name}: interrupted{why}; {done} cell(s) kept, {len(ids) - done} to do (run the same "
+              f"command to resume); results in {store.dir}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     out = store.outcome
     if args.summary and out["done"]:
         from sdlib.run.report import print_report
 
-        print_report(store, run_ids=out["planned"])
+        print_report(store, run_ids=out["planned"], cells={c.run_id for c in sweep.cells()})
     if out["planned"] and not out["done"]:
         print(f"error: every one of the {len(out['planned'])} cell(s) failed; see {store.dir / 'failures'}",
               file=sys.stderr)
@@ -141,32 +172,77 @@ def cmd_status(args) -> int:
     stale = store.all_ids() - ids
     todo = [c for c in cells if c.run_id not in done]
     print(f"{sweep.name}: {len(cells)} cells, {len(done)} done, {len(failed - done)} failed, {len(todo)} to do"
-          + (f", {len(corrupt)} unreadable (rerun)" if corrupt else "")
+          + (f", {len(corrupt)} damaged (rerun)" if corrupt else "")
           + (f"; {len(stale)} stale cell(s) of an older config here (sdlib clean --stale {args.config})"
              if stale else "") + f"; results in {store.dir}")
     for c in todo:
-        tag = "FAILED " if c.run_id in failed else ("BROKEN " if c.run_id in corrupt else "todo   ")
-        print(tag + c.run_id)
+        if c.run_id in corrupt:
+            print(f"DAMAGED {c.run_id}: {store.damage(c.run_id)}")
+        else:
+            print(("FAILED  " if c.run_id in failed else "todo    ") + c.run_id)
     return 0
 
 
-def cmd_clean(args) -> int:
-    from sdlib.store import FolderLock, SweepBusy, SweepStore
+def _confirm(prompt: str, yes: bool) -> bool:
+    """True with ``--yes``; at a terminal, when the user answers y; never without a terminal."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        return False
+    try:
+        return input(f"{prompt} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
 
-    if not args.stale:
-        raise ConfigError("clean: say what to remove (--stale)")
+
+def cmd_clean(args) -> int:
+    """Delete cells' files: the stale cells (``--stale``) and the cells named (``--cell``). Lists them first and
+    asks (or takes ``--yes``); never deletes a git-tracked file (committed results) unless its cell is named."""
+    from sdlib.store import FolderLock, SweepBusy, SweepStore
+    from sdlib.store.provenance import git_tracked
+
+    named = set(args.cell or [])
+    if not args.stale and not named:
+        raise ConfigError("clean: say what to remove (--stale, or --cell RUN_ID)")
     sweep = _load(args)
     store = SweepStore(sweep.out_dir)
+    if not store.dir.is_dir():
+        print(f"{sweep.name}: {store.dir} does not exist; nothing to delete")
+        return 0
     try:
         with FolderLock(store.dir):
-            stale = store.all_ids() - {c.run_id for c in sweep.cells()}
-            n = store.remove_cells(stale)
+            have = store.all_ids()
+            unknown = sorted(named - have)
+            if unknown:
+                raise ConfigError(f"clean --cell: {unknown[:3]} are not cells in {store.dir}")
+            stale = (have - {c.run_id for c in sweep.cells()}) if args.stale else set()
+            tracked = git_tracked(store.dir)
+            protected = set()  # stale cells with committed files: kept unless named
+            for rid in sorted(stale - named):
+                if tracked is None or any(f.resolve() in tracked for f in store.cell_files(rid)):
+                    protected.add(rid)
+            doomed = sorted((stale - protected) | named)
+            files = [f for rid in doomed for f in store.cell_files(rid)]
+            if protected:
+                print(f"{sweep.name}: keeping {len(protected)} stale cell(s) whose files git tracks (committed "
+                      f"results); name one with --cell RUN_ID to delete it")
+            if not doomed:
+                print(f"{sweep.name}: nothing to delete in {store.dir}")
+                return 0
+            print(f"{sweep.name}: would delete {len(doomed)} cell(s), {len(files)} file(s) in {store.dir}:")
+            for rid in doomed:
+                committed = tracked is None or any(f.resolve() in (tracked or set()) for f in store.cell_files(rid))
+                print(f"  {rid}" + (" (named; its files are committed)" if committed else ""))
+            if not _confirm(f"delete these {len(files)} file(s)?", args.yes):
+                print(f"{sweep.name}: nothing deleted (no terminal to ask: run again with --yes to delete)"
+                      if not sys.stdin.isatty() else f"{sweep.name}: nothing deleted")
+                return 1
+            n = store.remove_cells(set(doomed))
     except SweepBusy as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    kinds = Counter(r.split("__")[1] if "__" in r else r for r in stale)
-    print(f"{sweep.name}: removed {len(stale)} stale cell(s) ({n} files)"
-          + (f": {dict(kinds)}" if kinds else ""))
+    kinds = Counter(r.split("__")[1] if "__" in r else r for r in doomed)
+    print(f"{sweep.name}: removed {len(doomed)} cell(s) ({n} files): {dict(kinds)}")
     return 0
 
 
@@ -215,7 +291,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--method", action="append", help=argparse.SUPPRESS)
     s.add_argument("--batch-sizes", type=_ints, help="only these batch sizes of the config (e.g. 1,8)")
     s.add_argument("--datasets", type=_names, help="only these workloads of the config")
-    s.add_argument("--num-requests", type=int, help="every workload measures this many requests (a new config: "
+    s.add_argument("--num-requests", type=_count, help="every workload measures this many requests (a new config: "
                                                     "its cells differ from the file's)")
     s.add_argument("--dry-run", action="store_true", help="print the cells and engines it would run; start nothing")
     s.add_argument("--verbose", action="store_true", help="show the engines' own output (always in logs/)")
@@ -230,10 +306,17 @@ def add_parsers(sub) -> None:
     st.add_argument("config", help="sweep YAML")
     st.add_argument("--results-dir", help="the results folder the sweep was run with (default: the config's)")
     st.set_defaults(func=cmd_status)
-    c = sub.add_parser("clean", help="remove results that no longer belong to the config", epilog=PATHS_HELP)
+    c = sub.add_parser("clean", help="remove results that no longer belong to the config (lists them, asks)",
+                       epilog=PATHS_HELP, description="Delete cells' files in the config's results folder: the "
+                       "stale cells (--stale: not cells of this config) and any cell named with --cell. It lists "
+                       "them and asks; without a terminal it deletes only with --yes. Files git tracks (committed "
+                       "results) are never deleted unless their cell is named with --cell.")
     c.add_argument("config", help="sweep YAML")
     c.add_argument("--results-dir", help="the results folder (default: the config's)")
     c.add_argument("--stale", action="store_true", help="remove the cells of an older config (not in this one)")
+    c.add_argument("--cell", action="append", metavar="RUN_ID", help="remove this cell (repeatable), even if "
+                   "git tracks its files")
+    c.add_argument("--yes", "-y", action="store_true", help="delete without asking")
     c.set_defaults(func=cmd_clean)
     r = sub.add_parser("rekey", help="rename finished cells to the current run-id scheme (after an sdlib upgrade)",
                        epilog=PATHS_HELP)

@@ -18,16 +18,20 @@ import pandas as pd
 from sdlib.config import ConfigError
 
 COLUMNS = ["model", "dataset", "method_label", "batch_size", "tok_per_s", "tok_per_s_lo", "tok_per_s_hi",
-           "speedup", "speedup_lo", "speedup_hi", "mean_acceptance_length", "acceptance_source", "n_units",
-           "ci_units"]
+           "speedup", "speedup_lo", "speedup_hi", "mean_acceptance_length", "acceptance_source", "concurrency_mean",
+           "n_units", "ci_units"]
+_CELL = ["model", "dataset", "method_label", "batch_size"]
 
 
-def report_table(store, run_ids: Optional[list[str]] = None, n_boot: int = 1000) -> pd.DataFrame:
-    """The table for a sweep folder (its current config's cells; only ``run_ids`` when given)."""
+def report_table(store, run_ids: Optional[list[str]] = None, n_boot: int = 1000,
+                 cells: Optional[set[str]] = None) -> pd.DataFrame:
+    """The table for a sweep folder: the cells of ``cells`` (a config's run ids: exactly that config's
+    results), else of the folder's current config; rows only for ``run_ids`` when given (their baselines are
+    still used for the speedups)."""
     from sdlib.analysis.intervals import sweep_intervals
     from sdlib.analysis.measures import acceptance_table
 
-    runs = store.read("runs")
+    runs = store.read("runs", cells=cells)
     if run_ids is not None:
         keep = set(run_ids)
         bases = runs[runs["method"] == "none"]  # speedups need their baselines even if they ran earlier
@@ -35,18 +39,18 @@ def report_table(store, run_ids: Optional[list[str]] = None, n_boot: int = 1000)
     if runs.empty:
         return pd.DataFrame(columns=COLUMNS)
     _, sp = sweep_intervals(store.dir, n_boot=n_boot, runs=runs)
-    acc = acceptance_table(store.read("steps"), runs)
+    acc = acceptance_table(store.read("steps", cells=set(runs["run_id"])), runs)
     if not acc.empty:
-        acc = acc.groupby(["model", "dataset", "method_label", "batch_size"], as_index=False)[
-            "mean_acceptance_length"].mean()
-        sp = sp.merge(acc, on=["model", "dataset", "method_label", "batch_size"], how="left")
+        acc = acc.groupby(_CELL, as_index=False)["mean_acceptance_length"].mean()
+        sp = sp.merge(acc, on=_CELL, how="left")
     else:
         sp["mean_acceptance_length"] = float("nan")
-    src = runs.groupby(["model", "dataset", "method_label", "batch_size"], as_index=False)["acceptance_source"].first()
-    sp = sp.merge(src, on=["model", "dataset", "method_label", "batch_size"], how="left")
+    src = runs.groupby(_CELL, as_index=False).agg(acceptance_source=("acceptance_source", "first"),
+                                                  concurrency_mean=("concurrency_mean", "mean"))
+    sp = sp.merge(src, on=_CELL, how="left")
     if run_ids is not None:
-        done = runs[runs["run_id"].isin(set(run_ids))][["model", "dataset", "method_label", "batch_size"]]
-        sp = sp.merge(done.drop_duplicates(), on=["model", "dataset", "method_label", "batch_size"])
+        done = runs[runs["run_id"].isin(set(run_ids))][_CELL]
+        sp = sp.merge(done.drop_duplicates(), on=_CELL)
     out = sp.reindex(columns=COLUMNS)
     return out.sort_values(["model", "dataset", "batch_size", "method_label"]).reset_index(drop=True)
 
@@ -65,14 +69,15 @@ def format_report(t: pd.DataFrame) -> str:
     rows = [{"model": r.model, "dataset": r.dataset, "method": r.method_label, "bs": int(r.batch_size),
              "tok/s [95% CI]": _fmt(r.tok_per_s, r.tok_per_s_lo, r.tok_per_s_hi, 1),
              "speedup [95% CI]": _fmt(r.speedup, r.speedup_lo, r.speedup_hi, 2),
-             "accept. length": "-" if pd.isna(r.mean_acceptance_length) else f"{r.mean_acceptance_length:.2f}"}
+             "accept. length": "-" if pd.isna(r.mean_acceptance_length) else f"{r.mean_acceptance_length:.2f}",
+             "in flight": "-" if pd.isna(r.concurrency_mean) else f"{r.concurrency_mean:.1f}"}
             for r in t.itertuples()]
     return pd.DataFrame(rows).to_string(index=False)
 
 
-def print_report(store, run_ids: Optional[list[str]] = None) -> None:
-    """The summary at the end of a sweep (the cells it ran), on stderr."""
-    print(format_report(report_table(store, run_ids)), file=sys.stderr)
+def print_report(store, run_ids: Optional[list[str]] = None, cells: Optional[set[str]] = None) -> None:
+    """The summary at the end of a sweep (the cells it ran, ``cells``: its config's), on stderr."""
+    print(format_report(report_table(store, run_ids, cells=cells)), file=sys.stderr)
 
 
 def main(argv=None, prog: str = "sdlib report") -> int:
@@ -89,20 +94,27 @@ def main(argv=None, prog: str = "sdlib report") -> int:
     fmt.add_argument("--json", action="store_true", help="JSON records on stdout")
     a = ap.parse_args(argv)
     target = Path(a.target).expanduser().resolve()
+    cells = None
     if target.is_dir():
         folder = target
     elif target.is_file():
         overrides = {"results_dir": str(Path(a.results_dir).expanduser().resolve())} if a.results_dir else None
-        folder = load_sweep(target, overrides).out_dir
+        sweep = load_sweep(target, overrides)
+        folder = sweep.out_dir
+        cells = {c.run_id for c in sweep.cells()}  # exactly this config's cells, whatever ran last in the folder
     else:
         raise ConfigError(f"report: {a.target} is neither a sweep config nor a results folder")
     if not (folder / "runs").is_dir():
         raise ConfigError(f"report: {folder} has no runs table (has the sweep run?)")
-    t = report_table(SweepStore(folder))
+    store = SweepStore(folder)
+    t = report_table(store, cells=cells)
     if a.csv:
         t.to_csv(sys.stdout, index=False)
     elif a.json:
         print(t.to_json(orient="records", indent=1))
+    elif t.empty and cells is not None:
+        done = len(store.done_ids() & cells)
+        print(f"no finished cells of {a.target} in {folder} ({done} of {len(cells)} done; sdlib status {a.target})")
     else:
         print(format_report(t))
     return 0

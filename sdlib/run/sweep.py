@@ -26,7 +26,7 @@ from sdlib.config import SweepConfig, load_sweep
 from sdlib.paths import REPO_ROOT
 from sdlib.run.plan import model_cards, plan
 from sdlib.run.preflight import preflight
-from sdlib.run.supervise import EngineProcess, end_group, group_alive
+from sdlib.run.supervise import EngineProcess, end_group, group_alive, remove_unused
 from sdlib.store import FolderLock, SweepStore, git_commit, utc_now, write_json_atomic
 
 
@@ -40,9 +40,13 @@ def _orphans(store: SweepStore) -> int:
         except (OSError, json.JSONDecodeError):
             rec = {}
         pgid = rec.get("pgid")
-        if isinstance(pgid, int) and rec.get("host") == socket.gethostname() and group_alive(pgid):
-            end_group(pgid, grace_s=5.0)
-            n += 1
+        known = [str(x) for x in rec.get("shm") or [] if str(x).startswith("/dev/shm/")]
+        if isinstance(pgid, int) and rec.get("host") == socket.gethostname():
+            if group_alive(pgid):
+                end_group(pgid, grace_s=5.0, known=known)
+                n += 1
+            else:  # the group is gone: the /dev/shm files it was seen mapping may not be
+                remove_unused(known)
         f.unlink(missing_ok=True)
     return n
 
@@ -119,8 +123,40 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
     return store
 
 
-def _child_env(env: Optional[dict[str, str]]) -> dict[str, str]:
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+def _last_worker_line(log_file: Path) -> str:
+    """``: <line>`` for the worker's own last one-line message (``worker: ...``) in its log, else ''."""
+    try:
+        with open(log_file, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 4096))
+            tail = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    lines = [x.strip() for x in tail if x.startswith("worker: ")]
+    return f" ({lines[-1][len('worker: '):]})" if lines else ""
+
+
+def offline_env(sweep: SweepConfig) -> dict[str, str]:
+    """Variables that keep the engines from calling home: vLLM's usage statistics and other telemetry off
+    always; the Hugging Face libraries offline when every model is a local folder or the Hub is unreachable
+    (so nothing waits on a network that is not there). The user's own settings win."""
+    from sdlib.paths import resolve
+    from sdlib.run.preflight import hub_reachable
+
+    out = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    from sdlib.workloads.datasets import PACKAGE_SOURCES
+
+    paths = [m.path for m in sweep.models] + [m.tokenizer for m in sweep.models if m.tokenizer] + \
+        [me.model for me in sweep.methods if me.model and me.name != "custom"]
+    hub_data = any(w.source == "hub" or (w.source == "auto" and not w.path and w.dataset not in PACKAGE_SOURCES)
+                   for w in sweep.workloads)
+    if (all(resolve(p).exists() for p in paths) and not hub_data) or not hub_reachable():
+        out.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    return out
+
+
+def _child_env(env: Optional[dict[str, str]], sweep: Optional[SweepConfig] = None) -> dict[str, str]:
+    child_env = {**(offline_env(sweep) if sweep is not None else {}), **os.environ, "PYTHONUNBUFFERED": "1",
+                 **(env or {})}
     child_env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     child_env["SDLIB_SUPERVISOR_PID"] = str(os.getpid())
@@ -138,7 +174,7 @@ def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: boo
              "engines": []}
     store.record_invocation(sweep.to_dict(), entry)
     say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")
-    child_env = _child_env(env)
+    child_env = _child_env(env, sweep)
     engines = []
     run_dir = store.dir / ".run"
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
@@ -157,8 +193,10 @@ def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: boo
             proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file, env=child_env,
                                  cwd=str(REPO_ROOT), env_out=env_out, echo=verbose)
             marker = store.dir / ".engines" / f"{proc.pgid}.json"
-            write_json_atomic({"pgid": proc.pgid, "host": socket.gethostname(), "started_at": utc_now(),
-                               "group": tag}, marker)
+            rec = {"pgid": proc.pgid, "host": socket.gethostname(), "started_at": utc_now(), "group": tag, "shm": []}
+            write_json_atomic(rec, marker)
+            # the /dev/shm files the group maps, kept in the marker: a later sweep unlinks what a killed one left
+            proc.on_shm = lambda seen, rec=rec, marker=marker: write_json_atomic({**rec, "shm": sorted(seen)}, marker)
             try:
                 outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s, on_poll=progress.poll)
             except BaseException:  # Ctrl-C, SIGTERM: end the engine and everything it started, then stop
@@ -175,13 +213,20 @@ def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: boo
                 info["error"] = outcome.reason
             engines.append(info)
             if not outcome.ok:
+                reason = outcome.reason + _last_worker_line(log_file)
+                recorded = 0
                 for c in cells:
                     if not store.is_done(c.run_id) and not (store.dir / "failures" / f"{c.run_id}.json").exists():
                         store.write_failure(c.run_id, {
                             "model": model_name, "method_label": method_label, "dataset": c.workload.dataset,
                             "batch_size": c.batch_size, "repeat": c.repeat,
-                            "error": f"{outcome.reason}; see {log_file}"})
-                say(f"[{model_name} / {method_label}] {outcome.reason}; failures recorded, going on")
+                            "error": f"{reason}; see {log_file}"})
+                        recorded += 1
+                left = sum(not store.is_done(c.run_id) for c in cells)
+                say(f"[{model_name} / {method_label}] {reason}; " + (
+                    f"{recorded} failure(s) recorded, going on" if recorded else
+                    f"its {len(cells)} cell(s) were already finished, nothing to record" if not left else
+                    f"{left} cell(s) not done (their failures were recorded by the engine process), going on"))
             store.update_invocation(-1, {"engines": engines})
             spec_path.unlink(missing_ok=True)
             env_out.unlink(missing_ok=True)

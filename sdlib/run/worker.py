@@ -11,6 +11,7 @@ Spec JSON: ``{"sweep": <SweepConfig dict>, "run_ids": [...], "env_out": <path>}`
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 from sdlib.config import parse_sweep
 from sdlib.store import SweepStore, utc_now, write_json_atomic
-from sdlib.run.supervise import group_pids, shm_files
+from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
 from sdlib.store.provenance import device_name
 
 log = logging.getLogger("sdlib.run.worker")
@@ -49,7 +50,7 @@ def _environment(llm) -> dict[str, Any]:
 
 def run_group(spec: dict[str, Any]) -> int:
     """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
-    from sdlib.extract.tables import build_tables, phases_frame
+    from sdlib.extract.tables import build_tables, check_concurrency, phases_frame
     from sdlib.run import replay as rr
     from sdlib.run.driver import drive
     from sdlib.vllm import compat as vc
@@ -95,6 +96,8 @@ def run_group(spec: dict[str, Any]) -> int:
            "pinned_target": sweep.engine.pin_target, "replay_runner": replay_kind}
     if spec.get("env_out"):
         write_json_atomic(env, Path(spec["env_out"]))
+    _SHM_SEEN.update(shm_files(group_pids(os.getpgid(0))))
+    _ENGINE_UP.set()
     tokenizer = None if model.skip_tokenizer_init else llm.get_tokenizer()
     engine = llm.llm_engine
     prompts_cache: dict[str, list] = {}
@@ -113,7 +116,8 @@ def run_group(spec: dict[str, Any]) -> int:
             if wl.label not in prompts_cache:
                 need = max(c.num_requests for c in cells if c.workload.label == wl.label)
                 loaded = load_prompts(dataclasses.replace(wl, num_requests=need), tokenizer)
-                prompts_cache[wl.label], checks[wl.label] = fit_prompts(loaded, wl, model.max_model_len)
+                prompts_cache[wl.label], checks[wl.label] = fit_prompts(loaded, wl, model.max_model_len,
+                                                                        skipped_rows(wl))
                 if checks[wl.label]["skipped_too_long"] or checks[wl.label]["skipped_empty"]:
                     tqdm.write(f"workload {wl.label}: {checks[wl.label]}", file=sys.stderr)
                 env["workload_checks"] = checks
@@ -121,7 +125,11 @@ def run_group(spec: dict[str, Any]) -> int:
                     write_json_atomic(env, Path(spec["env_out"]))
             pool = prompts_cache[wl.label]
             if not pool:
-                raise RuntimeError(f"workload {wl.label}: no prompts")
+                raise RuntimeError(f"workload {wl.label}: no prompt fits (of {checks[wl.label]}; max_model_len "
+                                   f"{model.max_model_len}, max_output_tokens {wl.max_output_tokens})")
+            kv_short = kv_shortfall(cell, pool, env.get("kv_cache_capacity_tokens"))
+            if kv_short:
+                raise RuntimeError(kv_short)
             # closed loop with requests_per_slot: reuse prompts in order when more requests are needed
             n_req = cell.num_requests if cell.batch_mode == "closed_loop" else len(pool)
             prompts = [pool[i % len(pool)] for i in range(max(n_req, 1))]
@@ -169,11 +177,14 @@ def run_group(spec: dict[str, Any]) -> int:
                 replay = {i: rr.drafted_per_step(p, K, padded) for i, p in by_index.items()}
             tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
                                   detailed_requested=detailed, replay=replay)
+            check_concurrency(cell, tables["runs"])  # a batch the engine capped below B is a failure
             tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
             store.write_cell(cell.run_id, tables)
         except Exception as err:  # noqa: BLE001 - record and go on
             if not supervisor_alive():  # orphaned: a failure now would be ours, not the cell's
                 return 5
+            if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
+                raise  # the results folder cannot take files: every later cell would fail the same way
             store.write_failure(cell.run_id, _fail_info(cell, f"{type(err).__name__}: {err}",
                                                          traceback.format_exc()))
             tqdm.write(f"FAILED {cell.run_id}: {type(err).__name__}: {err}", file=sys.stderr)
@@ -182,10 +193,38 @@ def run_group(spec: dict[str, Any]) -> int:
     return 0 if dead is None else 3
 
 
-def fit_prompts(prompts: list, wl, max_model_len: int) -> tuple[list, dict[str, int]]:
+def skipped_rows(wl) -> int:
+    """Rows of a custom file without a prompt (skipped by its reader before any prompt exists; counted in the
+    provenance as ``skipped_empty`` with the empty prompts)."""
+    if wl.dataset != "custom":
+        return 0
+    from sdlib.workloads.custom import check_custom_rows
+
+    return check_custom_rows(wl)[1]
+
+
+def kv_shortfall(cell, pool: list, capacity_tokens) -> str:
+    """Why the engine's KV cache cannot hold the cell's batch (B requests of the pool's mean prompt + output
+    length), or '' when it can or its capacity is unknown: checked before a cell runs, so a cell the cache
+    would cap is a failure, not a measurement of a smaller batch."""
+    if not capacity_tokens or not pool:
+        return ""
+    k = cell.method.k
+    lens = [len(p.prompt_token_ids or []) + (getattr(p, "max_output_tokens", None) or cell.workload.max_output_tokens)
+            + k for p in pool]
+    need = cell.batch_size * sum(lens) / len(lens)
+    if need <= capacity_tokens:
+        return ""
+    return (f"KV cache too small for the batch: {cell.batch_size} requests of {sum(lens) / len(lens):.0f} tokens "
+            f"on average need {need:.0f} tokens, the engine holds {capacity_tokens} (raise "
+            "engine.gpu_memory_utilization or lower the batch size)")
+
+
+def fit_prompts(prompts: list, wl, max_model_len: int, skipped_rows: int = 0) -> tuple[list, dict[str, int]]:
     """Drop empty prompts, and prompts whose tokens plus their output budget do not fit ``max_model_len``
-    (vLLM would reject the request and the cell would be lost); returns the rest and the counts."""
-    keep, empty, long_ = [], 0, 0
+    (vLLM would reject the request and the cell would be lost); returns the rest and the counts
+    (``skipped_empty`` adds ``skipped_rows``: rows the reader dropped for having no prompt)."""
+    keep, empty, long_ = [], skipped_rows, 0
     for p in prompts:
         ids = p.prompt_token_ids
         if ids is not None and len(ids) == 0:
@@ -205,6 +244,13 @@ def _fail_info(cell, error: str, tb: str = "") -> dict[str, Any]:
 
 
 _SUPERVISOR = os.environ.get("SDLIB_SUPERVISOR_PID")
+#: Every /dev/shm file a process of this worker's group was seen mapping (:func:`_watch_supervisor` looks).
+_SHM_SEEN: set[str] = set()
+#: Set once this worker's engine is up (then the watcher stops looking at memory maps).
+_ENGINE_UP = threading.Event()
+#: Errors writing results that no later cell would escape: the worker stops and says so (exit code 6).
+WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+EXIT_CANNOT_WRITE = 6
 
 
 def supervisor_alive() -> bool:
@@ -230,14 +276,28 @@ ORPHAN_GRACE_S = 5.0
 
 
 def _end_own_group() -> None:
-    """SIGKILL to this worker's process group (itself, vLLM's engine processes, the resource tracker), after
-    unlinking the shared-memory files they map (nobody else will: the supervisor is gone or gave up)."""
-    pg = os.getpgid(0)
-    for f in shm_files(group_pids(pg)):
+    """SIGKILL to this worker's process group (vLLM's engine processes, the resource tracker, then itself), and
+    once the others are gone, unlink the /dev/shm files (semaphores, shared memory) the group maps or was seen
+    mapping and no live process holds any more (nobody else will: the supervisor is gone or gave up)."""
+    pg, me = os.getpgid(0), os.getpid()
+    pids = group_pids(pg)
+    shm = shm_files(pids) | _SHM_SEEN
+    for pid in pids:
+        if pid != me:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(p != me for p in group_pids(pg)):
+        time.sleep(0.05)
+    mine = shm_files([me])
+    for f in mine:  # this process dies next: what only it maps is left behind otherwise
         try:
             os.unlink(f)
         except OSError:
             pass
+    remove_unused(shm - mine)  # the rest, unless a live process outside the group maps it
     os.killpg(pg, signal.SIGKILL)
 
 
@@ -245,8 +305,14 @@ def _watch_supervisor(poll_s: float = 0.5) -> None:
     """A thread: once the supervisor is gone, SIGTERM to ourselves (vLLM shuts down if the main thread can
     run its handler), then the whole group ended after :data:`ORPHAN_GRACE_S`, even if the main thread is
     stuck in an engine start-up that never returns to Python."""
+    pg = os.getpgid(0)
     while supervisor_alive():
-        time.sleep(poll_s)
+        if not _ENGINE_UP.is_set():  # vLLM makes its /dev/shm files while it starts; the cells are not disturbed
+            try:
+                _SHM_SEEN.update(shm_files(group_pids(pg)))
+            except Exception:  # noqa: BLE001 - looking must never end the worker
+                pass
+        time.sleep(min(poll_s, SHM_TRACK_S))
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(ORPHAN_GRACE_S)
     _end_own_group()
@@ -279,4 +345,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_group(spec)
     except KeyboardInterrupt:
         return 130
+    except OSError as err:
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        name = errno.errorcode.get(err.errno, "")
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"worker: cannot write results: {where}{err.strerror or err} ({name})", file=sys.stderr, flush=True)
+        return EXIT_CANNOT_WRITE
+    finally:
+        if not supervisor_alive():  # orphaned: nobody else ends what vLLM started or cleans /dev/shm after it
+            _end_own_group()
 

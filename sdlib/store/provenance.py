@@ -31,6 +31,23 @@ def git_commit(repo: Path = REPO_ROOT) -> str:
         return os.environ.get("SDLIB_GIT_COMMIT", "unknown")
 
 
+def git_tracked(folder: Path) -> "set[Path] | None":
+    """The files under ``folder`` that git tracks (committed results), as resolved paths: empty outside a git
+    work tree, None when git cannot answer here (no git) and ``folder`` lies inside this repository (then
+    treat every file there as tracked)."""
+    folder = Path(folder).resolve()
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "ls-files", "-z", "--", "."], capture_output=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        out = None
+    if out is None or out.returncode != 0:
+        inside = folder == REPO_ROOT or REPO_ROOT in folder.parents
+        has_git = out is not None and b"not a git repository" in (out.stderr or b"")
+        return set() if (has_git or not inside) else None
+    return {(folder / p.decode()).resolve() for p in out.stdout.split(b"\0") if p}
+
+
 def device_name() -> str:
     """A human-readable device name: the GPU's, or the CPU model. Asks torch only where it is already
     imported (an engine process); elsewhere ``nvidia-smi``, so that a process that only sends requests (the

@@ -39,6 +39,8 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("tok_per_s", "float64", "output tokens/s over the steady window (paper mode: mean over batches)"),
         ("tok_per_s_total", "float64", "output_tokens / wall_s"),
         ("num_engine_steps", "Int64", "engine steps taken for the measured requests"),
+        ("concurrency_mean", "float64", "measured concurrency: mean requests that produced output per engine step in the steady window (engine_steps.num_running; null in cells written before it was recorded)"),
+        ("concurrency_max", "Int64", "most requests that produced output in one engine step of the window; below batch_size the engine never ran the batch (the cell is a failure, not a number)"),
         ("counter_num_drafts", "Int64", "vLLM vllm:spec_decode_num_drafts, differenced over the cell"),
         ("counter_num_draft_tokens", "Int64", "vLLM vllm:spec_decode_num_draft_tokens, differenced"),
         ("counter_num_accepted_tokens", "Int64", "vLLM vllm:spec_decode_num_accepted_tokens, differenced"),
@@ -189,21 +191,24 @@ TABLES.update({
 })
 
 
+#: Columns added after tables were committed, with what a file written before them means: null (unknown) unless a
+#: value is given here. The committed files are never rewritten to add them.
+ADDED_COLUMNS: dict[str, dict[str, object]] = {
+    "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0},
+}
+
+
 def columns(table: str) -> list[str]:
     """Column names of ``table`` in order."""
     return [c for c, _, _ in TABLES[table]]
 
 
-#: Columns added after tables were committed, with the value a table written before them means.
-ADDED_COLUMNS: dict[tuple[str, str], object] = {("runs", "engine_start"): 0}
-
-
 def conform(table: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns (a column of
-    :data:`ADDED_COLUMNS` that a table written before it lacks takes its documented value)."""
-    for (t, c), value in ADDED_COLUMNS.items():
-        if t == table and c not in df.columns:
-            df = df.assign(**{c: value})
+    """Return ``df`` with the table's columns, order and dtypes; raise on missing columns (those of
+    :data:`ADDED_COLUMNS` take their documented value: unknown, or e.g. engine start 0, in older files)."""
+    added = {c: v for c, v in ADDED_COLUMNS.get(table, {}).items() if c not in df.columns}
+    if added:
+        df = df.assign(**added)
     missing = [c for c in columns(table) if c not in df.columns]
     if missing:
         raise KeyError(f"{table}: missing columns {missing}")

@@ -2,7 +2,8 @@
 
 Layout of ``<results_dir>/<sweep>/``::
 
-    runs/<run_id>.parquet          written last: its presence marks the cell finished
+    runs/<run_id>.parquet          written last: its presence marks the cell finished (the commit marker: its
+                                   footer holds the sha256 of each other table file of the cell)
     requests/<run_id>.parquet
     steps/<run_id>.parquet
     engine_steps/<run_id>.parquet
@@ -20,6 +21,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -30,12 +32,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from sdlib.paths import resolve
-from sdlib.store.files import write_json_atomic, write_parquet_atomic
+from sdlib.store.files import sha256_file, write_json_atomic, write_parquet_atomic
 from sdlib.store.provenance import utc_now
 from sdlib.store.schema import TABLES, columns, conform
 
 TABLE_ORDER = ("requests", "steps", "engine_steps", "step_phases", "runs")  # runs last = commit marker
 OPTIONAL_TABLES = ("step_phases",)  # written empty when a cell has none
+#: The key, in the commit marker's (``runs`` file's) footer, of ``{table: sha256 of its file}`` for the cell's
+#: other tables. Cells written before it existed have none: their files are checked by decoding them whole.
+CHECKSUM_KEY = "sdlib.sha256"
 
 
 def empty_table(table: str) -> pd.DataFrame:
@@ -44,12 +49,80 @@ def empty_table(table: str) -> pd.DataFrame:
 
 
 def readable(path: Path) -> bool:
-    """True when ``path`` is a whole parquet file (its footer reads)."""
+    """True when ``path`` is a parquet file whose footer reads (a cut write fails this; damage in the middle of
+    the file does not: see :func:`decodes`)."""
     try:
         pq.read_metadata(path)
         return True
     except Exception:  # noqa: BLE001 - truncated, empty or not parquet
         return False
+
+
+def decodes(path: Path) -> bool:
+    """True when every page of ``path`` decodes (page checksums verified where the file has them): catches
+    damage anywhere in the file. Cached while the file's size and mtime stay."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _decodes(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=65536)
+def _decodes(path: str, mtime_ns: int, size: int) -> bool:  # noqa: ARG001 - the cache key
+    try:
+        pq.read_table(path, page_checksum_verification=True)
+        return True
+    except Exception:  # noqa: BLE001 - any decoding failure is damage
+        return False
+
+
+def marker_checksums(runs_file: Path) -> Optional[dict[str, str]]:
+    """``{table: sha256}`` recorded in a cell's commit marker; None for a cell written before they were."""
+    meta = pq.read_metadata(runs_file).metadata or {}
+    raw = meta.get(CHECKSUM_KEY.encode())
+    return None if raw is None else json.loads(raw.decode())
+
+
+def _has_checksums(marker: Path) -> bool:
+    try:
+        return marker.exists() and marker_checksums(marker) is not None
+    except Exception:  # noqa: BLE001 - an unreadable marker: judged by cell_damage's callers
+        return False
+
+
+def cell_damage(root: Path, run_id: str) -> Optional[str]:
+    """Why cell ``run_id`` under ``root`` is not whole (None if it is): its commit marker is missing or does
+    not decode, a table file is missing, or a file's sha256 differs from the one in the marker. Cells written
+    before checksums existed are checked by decoding every file."""
+    marker = root / "runs" / f"{run_id}.parquet"
+    if not marker.exists():
+        return "not finished (no runs file)"
+    try:
+        sums = marker_checksums(marker)
+    except Exception:  # noqa: BLE001 - a cut or damaged footer
+        return "runs file unreadable"
+    if sums is not None:
+        if not decodes(marker):
+            return "runs file damaged"
+        for t in TABLE_ORDER[:-1]:
+            f = root / t / f"{run_id}.parquet"
+            if t not in sums:
+                continue
+            if not f.exists():
+                return f"{t} file missing"
+            if sha256_file(f) != sums[t]:
+                return f"{t} file damaged (its sha256 differs from the commit marker's)"
+        return None
+    for t in TABLE_ORDER:
+        f = root / t / f"{run_id}.parquet"
+        if not f.exists():
+            if t in OPTIONAL_TABLES:
+                continue
+            return f"{t} file missing"
+        if not decodes(f):
+            return f"{t} file {'damaged' if readable(f) else 'unreadable'}"
+    return None
 
 
 def current_cells(sweep_dir: str | os.PathLike[str]) -> Optional[set[str]]:
@@ -63,29 +136,44 @@ def current_cells(sweep_dir: str | os.PathLike[str]) -> Optional[set[str]]:
     return set(cells) if cells is not None else None
 
 
-def read_table(sweep_dir: str | os.PathLike[str], table: str, current_only: bool = True) -> pd.DataFrame:
-    """All cells' rows of ``table`` in a sweep folder (empty, typed, if none).
+def read_table(sweep_dir: str | os.PathLike[str], table: str, current_only: bool = True,
+               cells: Optional[set[str]] = None) -> pd.DataFrame:
+    """All finished cells' rows of ``table`` in a sweep folder (empty, typed, if none).
 
-    ``current_only``: only the cells of the sweep's current config (:func:`current_cells`), so results of an
-    edited config never mix with the old config's. Unreadable files (a cell cut short) are left out with a
-    warning naming them, never a traceback.
+    ``cells``: exactly these run ids (a config's cells: ``sdlib report CONFIG``). Otherwise, with
+    ``current_only``, the cells of the sweep's current config (:func:`current_cells`), so results of an edited
+    config never mix with the old config's. A cell whose commit marker records checksums is read only if every
+    file of it matches them; any damaged or unreadable file is left out with a warning naming it, never a
+    traceback.
     """
     if table not in TABLES:
         raise KeyError(f"table: {table!r} is not one of {sorted(TABLES)}")
     root = resolve(sweep_dir)
     d = root / table
     files = sorted(d.glob("*.parquet")) if d.is_dir() else []
-    keep = current_cells(root) if current_only else None
+    keep = set(cells) if cells is not None else (current_cells(root) if current_only else None)
     if keep is not None:
         files = [f for f in files if f.stem in keep]
-    bad = [f for f in files if not readable(f)]
+    bad, frames = [], []
+    for f in files:
+        if _has_checksums(root / "runs" / f"{f.stem}.parquet"):
+            ok = cell_damage(root, f.stem) is None  # every file of the cell matches its commit marker
+        else:  # a cell written before checksums (or a folder laid out by hand): the file itself must read
+            ok = readable(f)
+        if ok:
+            try:
+                frames.append(pd.read_parquet(f))
+                continue
+            except Exception:  # noqa: BLE001 - damage in the middle of a file written before checksums
+                pass
+        bad.append(f)
     if bad:
-        warnings.warn(f"{root.name}/{table}: {len(bad)} unreadable file(s) left out: "
-                      f"{', '.join(f.name for f in bad[:3])}{' ...' if len(bad) > 3 else ''}", stacklevel=2)
-        files = [f for f in files if f not in bad]
-    if not files:
+        warnings.warn(f"{root.name}/{table}: {len(bad)} damaged or unreadable cell(s) left out: "
+                      f"{', '.join(f.name for f in bad[:3])}{' ...' if len(bad) > 3 else ''} (sdlib status; a "
+                      "rerun of the sweep redoes them)", stacklevel=2)
+    if not frames:
         return empty_table(table)
-    return conform(table, pd.concat([pd.read_parquet(f) for f in files], ignore_index=True))
+    return conform(table, pd.concat(frames, ignore_index=True))
 
 
 class SweepStore:
@@ -103,22 +191,23 @@ class SweepStore:
         out += [self.dir / "failures" / f"{run_id}.json", self.dir / "replay" / f"{run_id}.json"]
         return [f for f in out if f.exists()]
 
-    def is_done(self, run_id: str) -> bool:
-        """Finished and whole: every table file present and readable (``runs`` is written last). A table of
-        :data:`OPTIONAL_TABLES` may be absent (sweeps written before it existed), but must read if present."""
-        def whole(t: str) -> bool:
-            f = self.dir / t / f"{run_id}.parquet"
-            return readable(f) if f.exists() else t in OPTIONAL_TABLES
+    def damage(self, run_id: str) -> Optional[str]:
+        """Why a cell with a ``runs`` file is not whole, or None (:func:`cell_damage`)."""
+        return cell_damage(self.dir, run_id)
 
-        return all(whole(t) for t in TABLE_ORDER)
+    def is_done(self, run_id: str) -> bool:
+        """Finished and whole: the commit marker (``runs``, written last) present and every table file matching
+        the checksum it records (cells written before checksums: every file decodes). A table of
+        :data:`OPTIONAL_TABLES` may be absent in those older cells."""
+        return cell_damage(self.dir, run_id) is None
 
     def done_ids(self) -> set[str]:
-        """Cells whose ``runs`` file exists and whose every table file reads (a corrupt cell is not done)."""
+        """Cells whose commit marker exists and whose files are whole (a damaged cell is not done)."""
         d = self.dir / "runs"
         return {p.stem for p in d.glob("*.parquet") if self.is_done(p.stem)} if d.is_dir() else set()
 
     def corrupt_ids(self) -> set[str]:
-        """Cells with a ``runs`` file but an unreadable or missing table file (rerun them)."""
+        """Cells with a ``runs`` file but a damaged, unreadable or missing table file (rerun them)."""
         d = self.dir / "runs"
         return {p.stem for p in d.glob("*.parquet") if not self.is_done(p.stem)} if d.is_dir() else set()
 
@@ -127,8 +216,9 @@ class SweepStore:
         ids = set()
         for sub in (*TABLE_ORDER, "failures", "replay"):
             d = self.dir / sub
-            if d.is_dir():
-                ids |= {p.name.split(".")[0] for p in d.iterdir() if not p.name.startswith(".")}
+            if d.is_dir():  # a run id may hold dots (llama-3.1-8b): strip the suffix, not at the first dot
+                ids |= {p.name[: -len(p.suffix)] for p in d.iterdir()
+                        if not p.name.startswith(".") and p.suffix in (".parquet", ".json")}
         return ids
 
     def remove_cells(self, run_ids: set[str]) -> int:
@@ -146,8 +236,13 @@ class SweepStore:
         missing = set(TABLE_ORDER) - set(tables)
         if missing:
             raise KeyError(f"write_cell: missing tables {sorted(missing)}")
-        for t in TABLE_ORDER:
-            write_parquet_atomic(conform(t, tables[t]), self.dir / t / f"{run_id}.parquet")
+        sums = {}
+        for t in TABLE_ORDER[:-1]:
+            f = self.dir / t / f"{run_id}.parquet"
+            write_parquet_atomic(conform(t, tables[t]), f)
+            sums[t] = sha256_file(f)
+        write_parquet_atomic(conform("runs", tables["runs"]), self.dir / "runs" / f"{run_id}.parquet",
+                             metadata={CHECKSUM_KEY: json.dumps(sums, sort_keys=True)}, page_checksums=True)
         f = self.dir / "failures" / f"{run_id}.json"
         if f.exists():
             f.unlink()
@@ -177,8 +272,8 @@ class SweepStore:
                 rows.append({"run_id": p.stem, "error": "unreadable failure record"})
         return pd.DataFrame(rows)
 
-    def read(self, table: str, current_only: bool = True) -> pd.DataFrame:
-        return read_table(self.dir, table, current_only)
+    def read(self, table: str, current_only: bool = True, cells: Optional[set[str]] = None) -> pd.DataFrame:
+        return read_table(self.dir, table, current_only, cells)
 
     def set_current(self, sweep_config: dict[str, Any], run_ids: list[str]) -> bool:
         """Record the current config and its cells; returns True when they changed (provenance rewritten)."""

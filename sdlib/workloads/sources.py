@@ -18,6 +18,7 @@ import logging
 import random
 import re
 import warnings
+from zlib import error as zlib_error
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from importlib.util import find_spec
@@ -67,7 +68,22 @@ def read_file_rows(kind: str, path, missing: type[Exception] = WorkloadError) ->
 
 
 def read_rows(p: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL / JSON-list / CSV file (optionally .gz)."""
+    """Rows of a JSONL / JSON-list / CSV file (optionally .gz); WorkloadError (one line naming the file) for a
+    file that is not UTF-8 text, not gzip, or not valid JSON."""
+    try:
+        return _read_rows(p)
+    except UnicodeDecodeError as e:
+        raise WorkloadError(f"local: {p}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset "
+                            f"{e.start}); save it as UTF-8") from None
+    except (gzip.BadGzipFile, EOFError, zlib_error) as e:
+        raise WorkloadError(f"local: {p}: not a whole gzip file ({short_error(e)})") from None
+    except csv.Error as e:
+        raise WorkloadError(f"local: {p}: not valid CSV ({short_error(e)})") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"local: {p} is a folder, not a file") from None
+
+
+def _read_rows(p: Path) -> list[dict[str, Any]]:
     name = p.name[:-3] if p.name.endswith(".gz") else p.name
     opener = gzip.open if p.name.endswith(".gz") else open
     with opener(p, "rt", encoding="utf-8", newline="") as fh:  # type: ignore[operator]
@@ -75,7 +91,10 @@ def read_rows(p: Path) -> list[dict[str, Any]]:
             return [dict(r) for r in csv.DictReader(fh)]
         text = fh.read()
     if name.endswith(".json") and text.lstrip().startswith("["):
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"local: {p}: not valid JSON (line {e.lineno}: {e.msg})") from None
         if not all(isinstance(r, dict) for r in data):
             raise WorkloadError(f"local: {p}: expected a JSON list of objects")
         return data

