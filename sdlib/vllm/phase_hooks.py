@@ -19,7 +19,11 @@ Phases and what they bracket, per runner (checked in the sources of vLLM 0.32.0 
 
 * V2 runner -- ``vllm/v1/worker/gpu/model_runner.py`` ``GPUModelRunner`` (on 0.26 GPU: EAGLE and
   EAGLE-3, with async scheduling; same call sites in 0.32. The 0.32 CPU build refuses it here:
-  "Model Runner V2 requires Triton", so on the CPU it is checked only against a fake runner).
+  "Model Runner V2 requires Triton", so on the CPU it is checked only against a fake runner). vLLM 0.34
+  has only this runner (``gpu_model_runner.py`` removed), for every method: the same call sites, read in
+  its source (``execute_model`` lines 2127-2164, ``sample`` 1703-1760, ``sample_tokens`` 2368;
+  ``model_state.compute_sample_logits`` calls ``model.compute_logits``); gpu/smoke_034.py checks that
+  every phase is hooked there.
 
   - ``step``   = ``execute_model`` + ``sample_tokens``.
   - ``verify`` = the target forward, whichever way ``execute_model`` runs it:

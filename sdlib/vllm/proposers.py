@@ -13,7 +13,9 @@ step accounting holds).
 
 The draft model: ``$SDLIB_CUSTOM_DRAFT`` or ``@trained/draft`` (the embedded 1.6M-parameter draft; it
 shares the target's vocabulary). Interface (vLLM 0.26 and 0.32): ``propose(sampled_token_ids,
-num_tokens_no_spec, token_ids_cpu, slot_mappings=None)`` returns one list of draft ids per row.
+num_tokens_no_spec, token_ids_cpu, slot_mappings=None)`` returns one list of draft ids per row. On vLLM >= 0.34
+(no ``custom_class``) the same classes run behind :class:`sdlib.vllm.speculator.HostProposerSpeculator`, which
+pads short rows to K (0.34 verifies K per row); :func:`sdlib.vllm.compat.speculative_config` switches.
 
 Usage (configs/embedded_custom.yaml):
     methods: [{name: custom, num_spec_tokens: 3, model: sdlib.vllm.proposers.NgramOrDraft}]
@@ -60,9 +62,9 @@ class NgramOrDraft:
         self._lookup(np.arange(16, dtype=np.int32) % 4)  # JIT-compiles vLLM's numba look-up before timing
 
     def _lookup(self, context: np.ndarray) -> list[int]:
-        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as find
+        from sdlib.vllm.compat import ngram_lookup
 
-        out = find(np.asarray(context, dtype=np.int32), self.nmin, self.nmax, self.max_model_len, self.k)
+        out = ngram_lookup()(np.asarray(context, dtype=np.int32), self.nmin, self.nmax, self.max_model_len, self.k)
         return [int(x) for x in out]
 
     def _draft(self, contexts: list[np.ndarray]) -> list[list[int]]:
@@ -133,3 +135,23 @@ class ProposeNothing:
                 slot_mappings: Optional[Any] = None) -> list[list[int]]:
         """An empty draft for every row."""
         return [[] for _ in sampled_token_ids]
+
+
+class ProposeZeros:
+    """Drafts ``n`` zeros every step (``speculator_options={"n": n}`` on vLLM >= 0.34; default K): with the
+    pinned target (greedy token always 0) exactly ``n`` are accepted. A calibration of the custom-proposer path,
+    and on vLLM 0.34 of ragged drafts through adaptive verification (gpu/smoke_034.py, check custom_adaptive)."""
+
+    def __init__(self, vllm_config: Any):
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        opts = getattr(spec, "speculator_options", None) or {}
+        self.n = min(int(opts.get("n", self.k)), self.k)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load."""
+
+    def propose(self, sampled_token_ids: list, num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings: Optional[Any] = None) -> list[list[int]]:
+        """``[0] * n`` for every row that sampled a token, ``[]`` for the others."""
+        return [[0] * self.n if len(s) else [] for s in sampled_token_ids]

@@ -1,7 +1,7 @@
 """Trace replay inside vLLM: pin the target, then overwrite each row's drafts so that the engine accepts
 exactly what a plan (:mod:`sdlib.sim.replay`) prescribes, on the method's own engine path.
 
-How (read in vLLM 0.26.0 and 0.32.0; see ``sdlib/vllm/REPLAY.md`` for file:line references):
+How (read in vLLM 0.26.0, 0.32.0 and 0.34.0; version differences are in :mod:`sdlib.vllm.compat`):
 
 * **Pinning.** The target's final norm weight is zeroed after load (dummy or real weights), so every logit
   is 0 and the greedy token is always 0. A draft token 0 is accepted, any other rejected: drafts
@@ -17,12 +17,16 @@ How (read in vLLM 0.26.0 and 0.32.0; see ``sdlib/vllm/REPLAY.md`` for file:line 
   only what it drafted). For n-gram the proposer itself is wrapped too: vLLM's look-up runs for real, on
   the trace's own token ids (prompt + recorded output), and its proposal length is checked against the
   plan's.
-* **V2 runner, asynchronous scheduling** (vLLM 0.26 GPU: EAGLE, EAGLE-3): the scheduler holds only
+* **V2 runner, asynchronous scheduling** (vLLM 0.26 GPU: EAGLE, EAGLE-3; vLLM 0.34: every method, n-gram and
+  sdlib's custom proposers included, since 0.34 has no V1 runner): the scheduler holds only
   placeholders and drafts live on the GPU, so ``runner.speculator.propose`` is wrapped: the drafter runs
   for real, then its output is replaced on the GPU from a per-request table of ``a`` by output position
   (no host synchronisation; one scalar copy when a request takes a slot). Every row verifies K tokens:
   shorter proposals are padded with rejected drafts. With an n-gram look-up configured (Oracle Combine),
-  vLLM's look-up also runs on the host every step on the trace's tokens, so the policy pays both drafters.
+  vLLM's look-up also runs on the host every step on the trace's tokens, so the policy pays both drafters
+  (on vLLM 0.34, whose n-gram look-up is a GPU kernel, the host look-up is vLLM 0.32's, kept in
+  :mod:`sdlib.vllm.ngram_host`). The same V2 hook serves 0.34's ``propose(input_batch, ...)`` (called
+  positionally from ``vllm/v1/worker/gpu/model_runner.py:2368``; ``dummy_run`` by keyword).
 
 All hooks run in the engine's worker through ``llm.collective_rpc`` (module-level functions, pickled by
 reference; the multi-process engine needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``).
@@ -269,8 +273,9 @@ def _install_v2(runner: Any, st: _State) -> None:
 def _v2_ngram_lookups(st: _State, rids: list[str]) -> None:
     """vLLM's n-gram look-up for every row, on the trace's tokens at the row's host-side position (each
     propose call is one verify step of the row, so the k-th call of a request is its plan's k-th step)."""
-    from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+    from sdlib.vllm.compat import batch_ngram_propose
 
+    batch_propose_numba = batch_ngram_propose()  # vLLM's host look-up (< 0.34) or sdlib's copy of it (>= 0.34)
     nmin, nmax = st.plans.ngram
     n = max(len(rids), 1)
     num_tokens = np.zeros(n, dtype=np.int32)

