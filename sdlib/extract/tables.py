@@ -9,6 +9,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any, Optional
@@ -17,7 +18,11 @@ import pandas as pd
 
 from sdlib.extract.acceptance import AlignmentError, steps_from_gains
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN, ngram_trace
+from sdlib.store.provenance import git_commit
 from sdlib.store.schema import columns, conform
+
+#: the code's commit, read once per process (a worker runs one engine group)
+_commit = functools.lru_cache(maxsize=1)(git_commit)
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +138,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "acceptance_source": "none" if not k else ("+".join(sorted(sources)) or "none"),
         "status": "ok",
         "started_at": started_at,
+        "git_commit": _commit(),
     }])
     steps = pd.DataFrame(step_rows, columns=columns("steps"))
     return {

@@ -21,7 +21,12 @@ def utc_now() -> str:
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
-    """The repo's HEAD commit, with ``-dirty`` if the tree has changes; ``unknown`` outside git."""
+    """The commit of the code that runs: ``$SDLIB_GIT_COMMIT`` when set (a copy of the tree whose git metadata
+    is not the checkout's, e.g. on a lent GPU machine: the caller passes ``git rev-parse HEAD`` plus ``-dirty``
+    from the real checkout), else the repo's HEAD commit, with ``-dirty`` if the tree has changes; ``unknown``
+    outside git."""
+    if os.environ.get("SDLIB_GIT_COMMIT"):
+        return os.environ["SDLIB_GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,

@@ -48,6 +48,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("acceptance_source", "string", "where steps came from: detailed (vLLM per-request metrics), delta, or replay (trace replay: tokens gained, drafts from the plan)"),
         ("status", "string", "ok"),
         ("started_at", "string", "UTC ISO time the cell started"),
+        ("git_commit", "string", "commit of the code that ran the cell, '-dirty' when the tree had changes (null in cells written before it was recorded)"),
     ],
     "requests": [
         ("run_id", "string", "cell id (runs.run_id)"),
@@ -194,7 +195,7 @@ TABLES.update({
 #: Columns added after tables were committed, with what a file written before them means: null (unknown) unless a
 #: value is given here. The committed files are never rewritten to add them.
 ADDED_COLUMNS: dict[str, dict[str, object]] = {
-    "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0},
+    "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0, "git_commit": None},
 }
 
 
