@@ -60,7 +60,7 @@ def units(rates: pd.DataFrame) -> pd.DataFrame:
 
 
 def arm_info(provenance: dict) -> pd.DataFrame:
-    """Per method label: ``method_label, method, K, replay, family`` (``baseline`` for no SD, the replayed
+    """Per method label: ``method_label, method, K, replay, family`` (``none`` for no SD, the replayed
     policy's registry family, ``fixed`` for a real method with its own k) and ``aa_of`` (the arm an A/A twin
     repeats, else None)."""
     info = method_info(provenance)
@@ -68,7 +68,7 @@ def arm_info(provenance: dict) -> pd.DataFrame:
     fam = []
     for m in info.itertuples():
         if not method_spec(m.method).is_sd:
-            fam.append("baseline")
+            fam.append("none")
         elif isinstance(m.replay, str) and m.replay:
             fam.append(replay_ref(m.replay, m.method, int(m.K)).spec.family)
         else:
@@ -77,10 +77,10 @@ def arm_info(provenance: dict) -> pd.DataFrame:
 
 
 def _pair(u: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
-    ua = u[u["method_label"] == a].set_index(["engine_start", "prompt_index"])
-    ub = u[u["method_label"] == b].set_index(["engine_start", "prompt_index"])
-    j = ua[["rate", "output_tokens"]].join(ub[["rate", "output_tokens"]], how="inner", lsuffix="_a", rsuffix="_b")
-    return j.sort_index().reset_index()
+    keys = ["engine_start", "prompt_index"]
+    ua = u.loc[u["method_label"] == a, keys + ["rate", "output_tokens"]]
+    ub = u.loc[u["method_label"] == b, keys + ["rate", "output_tokens"]]
+    return ua.merge(ub, on=keys, suffixes=("_a", "_b")).sort_values(keys).reset_index(drop=True)
 
 
 def ratio_replicates(u: pd.DataFrame, a: str, b: str, key: tuple, n_boot: int = bootstrap.N_BOOT):
@@ -167,7 +167,7 @@ def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedu
         if fixed.empty:
             continue
         best = fixed.loc[fixed["ratio"].idxmax(), "arm"]
-        for a in sp.loc[~sp["family"].isin(["fixed", "baseline"]) & ~sp["arm"].isin(twins), "arm"]:
+        for a in sp.loc[~sp["family"].isin(["fixed", "none"]) & ~sp["arm"].isin(twins), "arm"]:
             row = compare(u, ds, int(bs), a, best, _drift_of(aa, ds, int(bs)), n_boot)
             rows.append({**row, "family": fam.get(a), "best_fixed": best})
     return pd.DataFrame(rows)

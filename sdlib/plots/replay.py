@@ -231,3 +231,33 @@ def plot_graph_modes(cmp_: pd.DataFrame, title: str, datasets: Optional[Sequence
     axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title, fontsize=9, y=1.04)
     return fig
+
+
+def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str):
+    """A powered sweep's comparisons (:mod:`sdlib.analysis.powered`), one panel per (dataset, batch size):
+    each policy over the best fixed arm (dot, 95% interval over prompts and engine starts; filled = established),
+    the A/A pair (grey diamond) and the band ``1 +- drift`` inside which no difference is called."""
+    blocks = list(headline[["dataset", "batch_size"]].drop_duplicates().itertuples(index=False, name=None))
+    fig, axes = new_figure(1, max(len(blocks), 1), width=4.6, height=4.6, sharey=True)
+    for ax, (ds, bs) in zip(axes[0], blocks):
+        h = headline[(headline["dataset"] == ds) & (headline["batch_size"] == bs)].reset_index(drop=True)
+        a = aa[(aa["dataset"] == ds) & (aa["batch_size"] == bs)]
+        drift = float(a["drift"].max()) if len(a) else 0.0
+        ax.axhspan(1 - drift, 1 + drift, color="0.9", zorder=0, label="1 ± A/A drift")
+        ax.axhline(1, color="grey", lw=0.8)
+        labels = []
+        for i, r in h.iterrows():
+            ax.errorbar([i], [r.ratio], yerr=[[r.ratio - r.ratio_lo], [r.ratio_hi - r.ratio]], fmt="o", capsize=3,
+                        color="C0", mfc="C0" if r.established else "white")
+            labels.append(r.arm)
+        for j, r in enumerate(a.itertuples(), start=len(h)):
+            ax.errorbar([j], [r.ratio], yerr=[[r.ratio - r.ratio_lo], [r.ratio_hi - r.ratio]], fmt="D", capsize=3,
+                        color="0.4")
+            labels.append("A/A")
+        ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=7)
+        best = h["best_fixed"].iloc[0] if len(h) else ""
+        ax.set_title(f"{ds} · bs {bs} (over {best})", fontsize=9)
+    axes[0][0].set_ylabel("ratio of per-request decode rates")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig

@@ -1,0 +1,71 @@
+"""sdlib.analysis.powered on hand-made tables: paired ratios over (engine start, prompt) units, the A/A drift and
+MDE, the established rule, and the headline over the best fixed arm; plus the committed sweeps it reads."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sdlib.analysis import powered as P
+
+PROV = {"config": {"methods": [
+    {"name": "none", "label": "none"},
+    {"name": "ngram", "num_spec_tokens": 10, "label": "k3", "replay": "fixed-ngram-k3"},
+    {"name": "ngram", "num_spec_tokens": 10, "label": "k3-AA", "replay": "fixed-ngram-k3", "aa_of": "k3"},
+    {"name": "ngram", "num_spec_tokens": 10, "label": "orc", "replay": "oracle"}]}}
+
+
+def units_of(rates: dict, starts=(0, 1), prompts=range(8)) -> pd.DataFrame:
+    """Units whose rate is ``rates[label](start, prompt)``."""
+    rows = [{"dataset": "d", "batch_size": 4, "method_label": lab, "engine_start": s, "prompt_index": p,
+             "rate": float(f(s, p)), "n_requests": 1, "output_tokens": 10}
+            for lab, f in rates.items() for s in starts for p in prompts]
+    return pd.DataFrame(rows)
+
+
+def test_request_rates_and_units_by_hand():
+    runs = pd.DataFrame({"run_id": ["a", "b"], "method_label": ["none", "k3"], "dataset": "d", "batch_size": 4,
+                         "engine_start": [0, 1]})
+    req = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "prompt_index": [0, 0, 0, 1], "output_tokens": [11, 21, 11, 1],
+                        "first_token_s": [0.0, 1.0, 0.0, 0.0], "finish_s": [1.0, 3.0, 0.5, 0.1]})
+    r = P.request_rates(runs, req)
+    assert r["rate"].tolist() == [10.0, 10.0, 20.0]  # the one-token request has no decode time: left out
+    u = P.units(r)
+    assert u.set_index(["method_label", "prompt_index"])["n_requests"].to_dict() == {("k3", 0): 1, ("none", 0): 2}
+
+
+def test_a_constant_ratio_is_exact_and_established_beyond_the_drift():
+    u = units_of({"none": lambda s, p: 10 + p + s, "k3": lambda s, p: 1.5 * (10 + p + s),
+                  "k3-AA": lambda s, p: 1.5 * (10 + p + s), "orc": lambda s, p: 1.8 * (10 + p + s)})
+    arms = P.arm_info(PROV)
+    assert dict(zip(arms.method_label, arms.family)) == {"none": "none", "k3": "fixed", "k3-AA": "fixed",
+                                                        "orc": "oracle"}
+    aa = P.aa_table(u, arms, n_boot=200)
+    assert aa.iloc[0]["ratio"] == pytest.approx(1.0) and aa.iloc[0]["drift"] == pytest.approx(0.0, abs=1e-12)
+    assert bool(aa.iloc[0]["contains_1"]) and aa.iloc[0]["n_starts"] == 2 and aa.iloc[0]["n_prompts"] == 8
+    sp = P.speedup_table(u, arms, aa, n_boot=200).set_index("arm")
+    assert sp.loc["k3", "ratio"] == pytest.approx(1.5) and sp.loc["k3", "ratio_lo"] == pytest.approx(1.5)
+    hl = P.headline_table(u, arms, aa, sp.reset_index(), n_boot=200)
+    assert hl.iloc[0]["arm"] == "orc" and hl.iloc[0]["best_fixed"] == "k3"  # the A/A twin is never the best
+    assert hl.iloc[0]["ratio"] == pytest.approx(1.2) and bool(hl.iloc[0]["established"])
+
+
+def test_drift_between_engine_starts_widens_the_interval_and_blocks_the_claim():
+    # start 1 runs the twin 10% faster than its arm: the A/A interval reaches 1.1, and a 5% difference is not
+    # established against that drift
+    u = units_of({"none": lambda s, p: 10.0 + p, "k3": lambda s, p: 10.0 + p,
+                  "k3-AA": lambda s, p: (10.0 + p) * (1.1 if s else 1.0), "orc": lambda s, p: 1.05 * (10.0 + p)})
+    arms = P.arm_info(PROV)
+    aa = P.aa_table(u, arms, n_boot=400)
+    assert aa.iloc[0]["ratio_hi"] > 1.09 and aa.iloc[0]["drift"] > 0.09 and aa.iloc[0]["mde"] > 0.05
+    row = P.compare(u, "d", 4, "orc", "k3", drift=float(aa.iloc[0]["drift"]), n_boot=400)
+    assert row["ratio"] == pytest.approx(1.05) and row["ratio_lo"] > 1 and not row["established"]
+    assert P.established(1.2, 1.3, 0.1) and not P.established(1.05, 1.3, 0.1) and P.established(0.7, 0.8, 0.1)
+
+
+def test_committed_powered_sweeps_rest_on_two_engine_starts():
+    for sweep in ("data/sweeps/embedded_powered", "data/sweeps/h200_powered_ngram"):
+        t = P.powered_tables(sweep, n_boot=200)
+        assert (t["speedups"]["n_starts"] == 2).all() and (t["aa"]["n_starts"] == 2).all()
+        assert len(t["headline"]) and set(P.SUPPORT) <= set(t["headline"].columns)
+    h = P.powered_tables("data/sweeps/h200_powered_ngram", n_boot=200)
+    assert h["speedups"]["n_prompts"].min() >= 32
