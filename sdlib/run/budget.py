@@ -358,9 +358,13 @@ class Planner:
         tau = 1.0 if not m.spec.is_sd else (tokens_per_step(m) or DEFAULT_TOKENS_PER_STEP)
         return price_cell(self.ecm, engine_path(m), m.k, tau, reqs, c.batch_size, paper, n, c.warmup_requests)
 
-    def estimate(self, sweep: SweepConfig, store=None, from_scratch: bool = False) -> SweepEstimate:
-        """Every cell of ``sweep`` priced, done ones (in ``store``) marked; groups of the cells to run."""
+    def estimate(self, sweep: SweepConfig, store=None, from_scratch: bool = False,
+                 retry_failed: bool = True) -> SweepEstimate:
+        """Every cell of ``sweep`` priced, done ones (in ``store``; also failed ones unless ``retry_failed``)
+        marked ``done``; groups of the cells to run."""
         done = set() if (store is None or from_scratch) else store.done_ids()
+        if store is not None and not from_scratch and not retry_failed:
+            done |= set(store.failures().get("run_id", []))
         rows = []
         for c in sweep.cells():
             r = self.cell_row(c)
@@ -413,8 +417,17 @@ def estimate_sweep(sweep: SweepConfig, store=None, cost_model=None, calibration:
                    from_scratch: bool = False) -> SweepEstimate:
     """Per-cell and per-engine-group estimates (s) of ``sweep``; cells done in ``store`` cost nothing unless
     ``from_scratch``. ``calibration``: default :func:`calibrate` over the committed sweeps."""
-    cal = calibration if calibration is not None else calibrate(cost_model=cost_model, device=device)
-    return Planner(cost_model, cal, device, vllm_version).estimate(sweep, store, from_scratch)
+    return calibrated_planner(cost_model, calibration, device, vllm_version).estimate(sweep, store, from_scratch)
+
+
+def calibrated_planner(cost_model=None, calibration: Optional[Calibration] = None, device: str = DEFAULT_DEVICE,
+                       vllm_version: Optional[str] = None, sweeps_dir=None) -> "Planner":
+    """A :class:`Planner` with ``calibration``, by default :func:`calibrate`'s (priced with the same planner, so
+    the committed configs' cells are priced once)."""
+    planner = Planner(cost_model, calibration or Calibration(), device, vllm_version)
+    if calibration is None:
+        planner.cal = calibration_from(committed_invocations(sweeps_dir, planner, device))
+    return planner
 
 
 # --------------------------------------------------------------------------- what committed runs used
@@ -623,8 +636,8 @@ def config_notes(sweep: SweepConfig) -> list[str]:
             notes.append(f"info: {model.name}: n-gram replays on {len(ks)} engines (K = {', '.join(map(str, ks))}) under "
                          f"cudagraph_mode FULL, where a step costs what it drafts: one ngram-k{ks[-1]} engine could "
                          f"serve them all ({len(ks) - 1} engine start(s) fewer per engine start of the sweep)"
-                         + (f"; {', '.join(own_k)} take k from the engine's K and would need their k as a policy "
-                            "of their own" if own_k else ""))
+                         + (f"; the replays that take k from the engine's K ({', '.join(own_k)}) would need their "
+                            "k as a policy of their own" if own_k else ""))
     return notes
 
 
@@ -757,12 +770,13 @@ def select_blocks(est: SweepEstimate, planner: Planner, sweep: SweepConfig, minu
 def plan_budget(sweep: SweepConfig, store=None, minutes: Optional[float] = None, priority: Optional[str] = None,
                 only: Optional[dict] = None, cost_model=None, calibration: Optional[Calibration] = None,
                 device: str = DEFAULT_DEVICE, vllm_version: Optional[str] = None,
-                from_scratch: bool = False) -> BudgetPlan:
+                from_scratch: bool = False, retry_failed: bool = True) -> BudgetPlan:
     """:func:`estimate_sweep` then :func:`select_blocks` (``priority``: the ``--priority`` text)."""
     pri = parse_priority(priority, sweep)
-    cal = calibration if calibration is not None else calibrate(cost_model=cost_model, device=device)
-    planner = Planner(cost_model, cal, device, vllm_version)
-    est = planner.estimate(sweep, store, from_scratch)
+    if minutes is not None and (not math.isfinite(minutes) or minutes < 0):
+        raise ConfigError(f"--gpu-minutes: expected a number >= 0, got {minutes}")
+    planner = calibrated_planner(cost_model, calibration, device, vllm_version)
+    est = planner.estimate(sweep, store, from_scratch, retry_failed)
     return select_blocks(est, planner, sweep, minutes, pri, only)
 
 
@@ -792,20 +806,18 @@ def format_plan(bp: BudgetPlan, sweep: SweepConfig, config_arg: str = "CONFIG", 
         return "\n".join(lines)
     lines.append("")
     w = max(12, *(len(f"{r.model} / {r.engine}") + (8 if r.start else 0) for r in g.itertuples()))
-    lines.append(f"{'engine group':<{w}}  cells  start (class)      warm-up  cells   total  min")
+    lines.append(f"{'engine group (minutes)':<{w}}  cells  start (class)     process  warm-up  cells  total")
     for r in g.itertuples():
         name = f"{r.model} / {r.engine}" + (f" start {r.start}" if r.start else "")
         lines.append(f"{name:<{w}}  {r.cells:5d}  {r.engine_start_s / 60:5.2f} ({r.start_class:<8})  "
-                     f"{(r.process_s + r.warmup_s) / 60:7.2f}  {r.cells_s / 60:5.2f}  {r.total_s / 60:6.2f}")
-    lines.append(f"{'':<{w}}  (warm-up includes the engine process's {est.calibration.process_overhead_s:.0f} s)")
+                     f"{r.process_s / 60:6.2f}  {r.warmup_s / 60:7.2f}  {r.cells_s / 60:5.2f}  {r.total_s / 60:5.2f}")
     lines.append("")
     b = bp.blocks
-    wb = max(5, *(len(f"{r.model} / {r.dataset} / bs{r.batch_size}") for r in b.itertuples()))
-    lines.append(f"  {'block (model / dataset / batch size)':<{max(wb, 37)}}  cells   alone  added  min")
+    wb = max(36, *(len(f"{r.model} / {r.dataset} / bs{r.batch_size}") for r in b.itertuples()))
+    lines.append(f"  {'block: model / dataset / batch size':<{wb}}  cells  alone  added  (minutes; + taken, - left out)")
     for r in b.itertuples():
-        mark = "+" if r.selected else "-"
-        lines.append(f"{mark} {f'{r.model} / {r.dataset} / bs{r.batch_size}':<{max(wb, 37)}}  {r.cells:5d}  "
-                     f"{r.alone_s / 60:6.2f}  {r.added_s / 60:5.2f}")
+        lines.append(f"{'+' if r.selected else '-'} {f'{r.model} / {r.dataset} / bs{r.batch_size}':<{wb}}  "
+                     f"{r.cells:5d}  {r.alone_s / 60:5.2f}  {r.added_s / 60:5.2f}")
     gpu_min = float(sum(r.total_s * _gpus(tp, r.model) for r in g.itertuples())) / 60
     lines.append("")
     lines.append(f"total: {bp.total_s / 60:.1f} min on the machine ({gpu_min:.1f} GPU-min, {gpu_min / 60:.2f} GPU-h): "
@@ -820,4 +832,158 @@ def format_plan(bp: BudgetPlan, sweep: SweepConfig, config_arg: str = "CONFIG", 
         pri = f" --priority {priority}" if priority else ""
         lines.append(f"run them: sdlib sweep {config_arg} --plan-minutes {bp.budget_s / 60:g}{pri} (done cells are "
                      "skipped, so the same command on the next machine takes the next blocks)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the paper's full matrix
+@dataclass(frozen=True)
+class PaperMatrix:
+    """The paper's whole matrix (6 datasets, 5 methods, k 1-10, batch sizes 1-512, 3 repeats, the 8B and 70B
+    shapes) as a powered sweep would run it: closed loop, ``max(prompts_per_cell, requests_per_slot * B)``
+    requests per cell of up to ``output_tokens`` tokens, ``warmup_requests`` once per engine and batch size, one
+    engine per (shape, method, k) plus the no-SD baseline. ``shapes``: (name, shape path, GPUs = tensor-parallel
+    size)."""
+
+    datasets: tuple = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa")
+    methods: tuple = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+    ks: tuple = tuple(range(1, 11))
+    batch_sizes: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    repeats: int = 3
+    shapes: tuple = (("llama-3.1-8b", "@shapes/llama-3.1-8b", 1), ("llama-3-70b", "@shapes/llama-3-70b", 2))
+    prompts_per_cell: int = 32
+    requests_per_slot: int = 3
+    output_tokens: int = 256
+    warmup_requests: int = 4
+
+
+def _reference_profiles(mx: PaperMatrix) -> dict:
+    """Per dataset: the prompts a cell runs (the authors' traces' prompts where there are traces; the mean of
+    their prompt lengths, ``output_tokens`` out, elsewhere)."""
+    import warnings
+
+    from sdlib.sim.traces import REFERENCE_FILES
+    from sdlib.workloads import load_trace_prompts
+
+    out = {}
+    for d in mx.datasets:
+        if d in REFERENCE_FILES:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ps = load_trace_prompts(WorkloadConfig(dataset=d, source="reference", num_requests=mx.prompts_per_cell,
+                                                       max_output_tokens=mx.output_tokens))
+            out[d] = [_Request(len(p.prompt_token_ids), int(p.max_output_tokens)) for p in ps]
+    mean_p = int(round(np.mean([r.prompt_tokens for rs in out.values() for r in rs]))) if out else DEFAULT_PROMPT_TOKENS
+    for d in mx.datasets:
+        out.setdefault(d, [_Request(mean_p, mx.output_tokens)] * mx.prompts_per_cell)
+    return out
+
+
+def reference_tokens_per_step(ks: Sequence[int]) -> dict:
+    """``{(drafter, k): 1 + share * sum of the per-position acceptance rates}`` of the authors' traces (all four
+    datasets; :func:`sdlib.sim.closed_form.per_position_rates`, what ``sdlib rates`` prints): the tokens a step
+    gains. ``share``: the steps where the drafter proposes (the n-gram look-up's matches; 1 for EAGLE-3)."""
+    from sdlib.core.registry import DRAFTERS
+    from sdlib.sim.closed_form import per_position_rates
+    from sdlib.sim.prepared import prepare_traces
+    from sdlib.sim.traces import load_reference_traces
+
+    prep = prepare_traces(load_reference_traces(), ngram_lookup=True)
+    share = {d: 1.0 for d in DRAFTERS}
+    if prep.ngram_avail is not None:
+        share["ngram"] = float(np.mean(np.concatenate([np.asarray(a[1:]) > 0 for a in prep.ngram_avail])))
+    return {(d, k): 1.0 + share[d] * float(sum(per_position_rates(prep, d, k))) for d in DRAFTERS for k in ks}
+
+
+def paper_matrix(planner: Optional[Planner] = None, mx: PaperMatrix = PaperMatrix()) -> SweepEstimate:
+    """The paper's matrix (:class:`PaperMatrix`) priced like a sweep: ``cells`` and ``groups`` (one engine group
+    per shape and engine, ``gpus`` per group) as :func:`estimate_sweep` gives them. Tokens per step of each
+    method at each k: :func:`reference_tokens_per_step` (EAGLE-3's lists for the model drafters and MTP)."""
+    planner = planner or calibrated_planner()
+    profiles = _reference_profiles(mx)
+    tau = reference_tokens_per_step(mx.ks)
+    rows = []
+    for name, path, gpus in mx.shapes:
+        mk = f"{path}|tp{gpus}"
+        engines = [("none", "none", 0)] + [(m, f"{m}-k{k}", k) for m in mx.methods for k in mx.ks]
+        for meth, engine, k in engines:
+            spec = method_spec(meth)
+            t = 1.0 if not spec.is_sd else tau[(spec.trace or "eagle3", k)]
+            p = spec.path or ("padded" if spec.is_sd else "none")
+            group = (name, engine, 0)
+            s = planner.cal.scale(mk, meth, "closed_loop", planner.device)[0]
+            for d in mx.datasets:
+                for B in mx.batch_sizes:
+                    n = max(mx.prompts_per_cell, mx.requests_per_slot * B)
+                    r = price_cell(planner.ecm, p, k, t, profiles[d], B, False, n, mx.warmup_requests)
+                    for rep in range(mx.repeats):
+                        rows.append({"run_id": f"{name}__{engine}__{d}__bs{B}__r{rep}", "model": name,
+                                     "engine": engine, "start": 0, "group": group, "method": meth,
+                                     "method_label": engine, "model_key": mk, "dataset": d, "batch_size": B,
+                                     "repeat": rep, "block": (name, d, B), "warm_key": (group, B), "gpus": gpus,
+                                     **{**r, "warmup_s": r["warmup_s"] * s, "window_s": r["window_s"] * s},
+                                     "overhead_s": planner.cal.cell_overhead_s, "done": False})
+    cells = _assign_warmups(pd.DataFrame(rows))
+    groups = pd.concat([planner.group_table(cells[cells["model"] == name]).assign(gpus=gpus)
+                        for name, _, gpus in mx.shapes], ignore_index=True)
+    return SweepEstimate("paper matrix", cells, groups, planner.cal, planner.device, planner.vllm_version,
+                         getattr(planner.ecm, "name", ""), notes=[])
+
+
+def format_paper_matrix(est: SweepEstimate, mx: PaperMatrix = PaperMatrix()) -> str:
+    """The matrix's cost per shape and in all, in hours (``sdlib plan --paper-matrix``)."""
+    g, c = est.groups, est.cells
+    bs = f"{mx.batch_sizes[0]}-{mx.batch_sizes[-1]}"
+    lines = [f"the paper's matrix: {len(mx.datasets)} datasets x ({len(mx.methods)} methods x k {mx.ks[0]}-{mx.ks[-1]}"
+             f" + no SD) x {len(mx.batch_sizes)} batch sizes ({bs}) x {mx.repeats} repeats per shape; closed loop, "
+             f"max({mx.prompts_per_cell}, {mx.requests_per_slot} B) requests of up to {mx.output_tokens} tokens per "
+             f"cell, {mx.warmup_requests} warm-up requests per engine and batch size",
+             f"priced with cost model {est.cost_model} on {est.device}; calibration: {est.calibration.source}", "",
+             f"{'shape':<14} {'GPUs':>4} {'engines':>7} {'cells':>6} {'starts h':>8} {'procs h':>7} "
+             f"{'warm h':>6} {'cells h':>7} {'machine h':>9} {'GPU-h':>7}"]
+    tot = 0.0
+    for name, _, gpus in mx.shapes:
+        gg = g[g["model"] == name]
+        h = gg["total_s"].sum() / 3600
+        tot += h * gpus
+        lines.append(f"{name:<14} {gpus:>4} {len(gg):>7} {int((c['model'] == name).sum()):>6} "
+                     f"{gg['engine_start_s'].sum() / 3600:>8.1f} {gg['process_s'].sum() / 3600:>7.1f} "
+                     f"{gg['warmup_s'].sum() / 3600:>6.1f} {gg['cells_s'].sum() / 3600:>7.1f} {h:>9.1f} "
+                     f"{h * gpus:>7.1f}")
+    lines.append(f"total: {tot:.1f} GPU-hours ({len(g)} engine starts, {len(c)} cells)")
+    per = c.assign(gpu_s=c["est_s"] * c["gpus"]).groupby("method", sort=False)["gpu_s"].sum() / 3600
+    lines.append("cells' GPU-hours by method: " + ", ".join(f"{m} {h:.1f}" for m, h in per.items()))
+    return "\n".join(lines)
+
+
+def format_cells(bp: BudgetPlan) -> str:
+    """Every cell of the plan's estimate: run id, engine steps, tokens per step, warm-up / window / total s."""
+    c = bp.estimate.cells
+    sel = set(bp.cells["run_id"]) if len(bp.cells) else set()
+    w = max([len(r) for r in c["run_id"]] + [6])
+    lines = [f"  {'run id':<{w}}  path     k  steps  tok/step  warm-up s  window s  total s"]
+    for r in c.itertuples():
+        mark = "done" if r.done else ("+" if r.run_id in sel else "-")
+        lines.append(f"{mark:<2}{r.run_id:<{w}}  {r.path:<7} {r.k:2d} {r.engine_steps:6d}  {r.tokens_per_step:8.2f}  "
+                     f"{r.warmup_s:9.2f}  {r.window_s:8.2f}  {r.est_s:7.2f}")
+    return "\n".join(lines)
+
+
+def format_measured(df: pd.DataFrame, device: str = DEFAULT_DEVICE) -> str:
+    """:func:`measured_vs_plan` as ``sdlib plan --measured`` prints it (minutes)."""
+    if df.empty:
+        return f"no recorded invocation on {device}"
+    lines = [f"minutes each recorded sdlib sweep invocation on {device} used against its plan (plan: calibrated on "
+             "every committed sweep; loo: on the other sweeps only)",
+             f"{'sweep':<24} {'inv':>3} {'engines':>7} {'cells':>5}  {'used':>5} {'plan':>5} {'loo':>5}  "
+             f"{'starts used/plan':>16}  {'cells used/plan':>15}"]
+    for r in df.itertuples():
+        lines.append(f"{r.sweep:<24} {r.invocation:>3} {r.engines:>7} {r.cells:>5}  {r.used_min:5.1f} {r.plan_min:5.1f} "
+                     f"{r.plan_loo_min:5.1f}  {r.starts_used_min:7.1f} / {r.starts_plan_min:<6.1f}  "
+                     f"{r.cells_used_min:6.1f} / {r.cells_plan_min:<6.1f}" + ("" if r.complete else "  (cut short)"))
+    ok = df[df["complete"]]
+    if len(ok):
+        err = (ok["plan_loo_min"] / ok["used_min"] - 1).abs()
+        lines.append(f"complete invocations: {len(ok)}, used {ok['used_min'].sum():.1f} min, planned "
+                     f"{ok['plan_min'].sum():.1f} (loo {ok['plan_loo_min'].sum():.1f}); loo error per invocation: "
+                     f"median {100 * err.median():.0f}%, largest {100 * err.max():.0f}%")
     return "\n".join(lines)
