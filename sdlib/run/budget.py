@@ -980,6 +980,7 @@ def format_measured(df: pd.DataFrame, device: str = DEFAULT_DEVICE) -> str:
         lines.append(f"{r.sweep:<24} {r.invocation:>3} {r.engines:>7} {r.cells:>5}  {r.used_min:5.1f} {r.plan_min:5.1f} "
                      f"{r.plan_loo_min:5.1f}  {r.starts_used_min:7.1f} / {r.starts_plan_min:<6.1f}  "
                      f"{r.cells_used_min:6.1f} / {r.cells_plan_min:<6.1f}" + ("" if r.complete else "  (cut short)"))
+        lines[-1] = lines[-1].rstrip()
     ok = df[df["complete"]]
     if len(ok):
         err = (ok["plan_loo_min"] / ok["used_min"] - 1).abs()
