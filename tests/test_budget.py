@@ -263,3 +263,18 @@ def test_sweep_blocks_dry_run_runs_only_those_blocks(tmp_path, capsys):
     ids = [line.strip() for line in out.splitlines() if line.startswith("  ")]
     assert ids and all("__code_edit__bs1__" in i for i in ids)
     assert len({i.split("__")[1] for i in ids}) == 5  # every arm: no SD and the four SD methods
+
+
+def test_engine_starts_and_aa_twins_share_blocks():
+    d = sweep_dict(engine_starts=2, order="abba", repeats=2)
+    d["methods"].append({**d["methods"][1], "label": "eagle3-aa", "aa_of": "eagle3-k2"})
+    sw = parse_sweep(d)
+    p = planner()
+    est = p.estimate(sw)
+    # 3 engines x 2 starts; the A/A twin runs on its arm's engine
+    assert len(est.groups) == 6 and set(est.groups["start"]) == {0, 1}
+    assert list(est.groups["start_class"]).count("again") == 3
+    bp = budget.select_blocks(est, p, sw, None)
+    block = bp.cells[bp.cells["block"] == ("m", "gsm8k", 1)]
+    # every arm (4 labels) x 2 repeats x 2 engine starts
+    assert len(block) == 4 * 2 * 2 and set(block["method_label"]) >= {"eagle3-aa", "eagle3-k2"}
