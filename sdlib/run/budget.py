@@ -25,7 +25,8 @@ A cell's estimate (seconds) comes from the engine cost model (:mod:`sdlib.sim.en
   same shape, tensor-parallel size and device (1 where there are none: priced as the cost model's shape).
 
 The warm-up (``warmup_requests`` requests run before a cell) is priced by the same formula, closed loop, at
-``b = min(B, warmup_requests)``: once per (engine start, batch size) with ``warmup_scope: batch_size``, before
+``b = min(B, warmup_requests)`` (with a config's ``warmup_tokens``: a full batch of ``max(warmup_requests, B)``
+requests of that many tokens): once per (engine start, batch size) with ``warmup_scope: batch_size``, before
 every cell otherwise. An engine group (:attr:`sdlib.config.Cell.group`: one engine start) costs::
 
     group = engine_start(class) + process_overhead + sum of its warm-ups + sum of its cells
@@ -83,17 +84,22 @@ DEFAULT_CELL_OVERHEAD_S = 1.0
 #: The device a plan is for unless told otherwise (the committed engine cost model's).
 DEFAULT_DEVICE = "NVIDIA H200"
 START_CLASSES = ("first", "new_kind", "again")
-_ALL = 10 ** 9  # "every prompt" for a trace workload
+_ALL = 100_000  # "every prompt" of a trace workload (the largest num_requests a config may ask)
 START_COLUMNS = ["device", "vllm_version", "model", "method", "start_class", "engine_start_s", "sweep"]
 RATIO_COLUMNS = ["model", "device", "method", "batch_mode", "ratio", "sweep"]
 
 
 def load_cost_model(name_or_path=None):
-    """The engine cost model a plan prices steps with (default: the committed fit). The one place this module
-    loads a cost model."""
+    """The engine cost model a plan prices steps with: a name, a path or a model (default: the committed fit).
+    The one place this module loads a cost model."""
     from sdlib.sim import engine_costs
 
-    return engine_costs.load_any_cost_model(name_or_path or engine_costs.ENGINE_COST_MODEL_FILE)
+    spec = name_or_path or engine_costs.ENGINE_COST_MODEL_FILE
+    try:  # the one loader of every cost model kind, where it exists (sdlib.sim.costmodels)
+        from sdlib.sim.costmodels import load_cost_model as load
+    except ImportError:
+        load = engine_costs.load_any_cost_model
+    return load(spec)
 
 
 def model_key(model) -> str:
@@ -272,10 +278,11 @@ def run_seconds(ecm, path: str, K: int, b: int, requests: Sequence[_Request], we
 
 
 def price_cell(ecm, path: str, K: int, tau: float, pool: Sequence[_Request], B: int, paper: bool, n: int,
-               warmup_requests: int) -> dict:
+               warmup_requests: int, warmup_tokens: Optional[int] = None) -> dict:
     """A cell's warm-up and measured-window seconds (scale 1), engine steps and tokens per step per row:
     ``pool``: the workload's prompts (paper mode: each one batch of ``B`` copies; closed loop: cycled to ``n``
-    requests, ``min(B, n)`` in flight)."""
+    requests, ``min(B, n)`` in flight). ``warmup_tokens``: the warm-up is a full batch of ``max(warmup_requests,
+    B)`` requests of that many tokens (a config's ``warmup_tokens``) instead of the first requests."""
     if paper:
         b, counts, w = B, [1] * len(pool), 1.0
         warm = list(pool[:warmup_requests])
@@ -285,6 +292,9 @@ def price_cell(ecm, path: str, K: int, tau: float, pool: Sequence[_Request], B: 
         b, w = min(B, n), 1.0 / min(B, n)
         warm = [pool[i % len(pool)] for i in range(min(warmup_requests, n))]
     window, steps = run_seconds(ecm, path, K, b, pool, w, tau, counts)
+    if warm and warmup_tokens is not None:
+        warm = [_Request(pool[i % len(pool)].prompt_tokens, int(warmup_tokens))
+                for i in range(max(warmup_requests, B))]
     warm_s = 0.0
     if warm:
         bw = min(B, len(warm))
@@ -325,8 +335,7 @@ class Planner:
 
     def __init__(self, cost_model=None, calibration: Optional[Calibration] = None, device: str = DEFAULT_DEVICE,
                  vllm_version: Optional[str] = None):
-        self.ecm = cost_model if cost_model is not None and not isinstance(cost_model, (str, Path)) \
-            else load_cost_model(cost_model)
+        self.ecm = load_cost_model(cost_model)
         self.cal = calibration if calibration is not None else Calibration()
         self.device, self.vllm_version = device, vllm_version
         self.wl = _Workloads()
@@ -338,7 +347,7 @@ class Planner:
         paper = c.batch_mode == "paper"
         n = c.num_requests
         key = json.dumps([m.engine_key(), m.replay, dataclasses.asdict(wl), c.model.max_model_len, B, paper, n,
-                          c.warmup_requests], sort_keys=True, default=str)
+                          c.warmup_requests, getattr(c, "warmup_tokens", None)], sort_keys=True, default=str)
         if key not in self._memo:
             self._memo[key] = self._price(c, paper, n)
         r = dict(self._memo[key])
@@ -356,7 +365,8 @@ class Planner:
         reqs = [_Request(P, O, None if pl is None else pl.pos, None if pl is None else pl.proposed)
                 for (P, O, _), pl in zip(pool, plans)]
         tau = 1.0 if not m.spec.is_sd else (tokens_per_step(m) or DEFAULT_TOKENS_PER_STEP)
-        return price_cell(self.ecm, engine_path(m), m.k, tau, reqs, c.batch_size, paper, n, c.warmup_requests)
+        return price_cell(self.ecm, engine_path(m), m.k, tau, reqs, c.batch_size, paper, n, c.warmup_requests,
+                          getattr(c, "warmup_tokens", None))
 
     def estimate(self, sweep: SweepConfig, store=None, from_scratch: bool = False,
                  retry_failed: bool = True) -> SweepEstimate:
