@@ -4,6 +4,7 @@ Usage:
     sdlib sweep configs/embedded_default.yaml      # run (or resume) a sweep -> data/sweeps/<name>/
     sdlib validate configs/embedded_default.yaml   # check a config and its paths; start nothing
     sdlib status configs/embedded_default.yaml     # cells done / failed / to do / stale
+    sdlib plan configs/h200_replay.yaml --gpu-minutes 20  # estimated GPU minutes; the blocks that fit
     sdlib clean configs/embedded_default.yaml --stale  # remove the cells of an older config
     sdlib report configs/embedded_default.yaml     # tok/s, speedup and acceptance per cell
     sdlib serve configs/embedded_serving.yaml      # serving sweep (vLLM OpenAI server) -> data/serving/<name>/

@@ -1,4 +1,4 @@
-"""The sweep commands of the command line: ``sweep``, ``validate``, ``status``, ``clean``.
+"""The sweep commands of the command line: ``sweep``, ``plan``, ``validate``, ``status``, ``clean``.
 
 Paths on the command line resolve from where the user stands; paths inside a config from the config file's
 folder; ``@trained/<part>`` (the committed trained models, data/models), ``@models/<part>`` (random-weight
@@ -9,6 +9,7 @@ Usage:
     sdlib sweep my.yaml --dry-run          # the cells and the engines it would start; starts nothing
     sdlib status my.yaml --results-dir out # done / failed / to do / stale cells
     sdlib clean my.yaml --stale            # delete the cells of an older config
+    sdlib plan my.yaml --gpu-minutes 30    # estimated minutes per engine and block; the blocks that fit
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ def cmd_sweep(args) -> int:
         if bad:
             raise ConfigError(f"--methods: {bad} are not methods of the config ({sorted(m.label for m in sweep.methods)})")
     only = _only(args, sweep)
+    args.plan_minutes = _minutes(args.plan_minutes, "--plan-minutes")
+    if args.plan_minutes is not None or args.blocks:
+        only = _planned_blocks(args, sweep, methods, only)
+        if only is None:
+            return 0
     if args.dry_run:
         preflight(sweep)
         groups = plan(sweep, SweepStore(sweep.out_dir), retry_failed=not args.skip_failed)
@@ -108,7 +114,8 @@ def cmd_sweep(args) -> int:
             cells = [c for c in cells if (not methods or eng in methods or c.method.label in methods
                                           or c.method.name in methods)
                      and (not only.get("batch_sizes") or c.batch_size in only["batch_sizes"])
-                     and (not only.get("datasets") or c.workload.label in only["datasets"])]
+                     and (not only.get("datasets") or c.workload.label in only["datasets"])
+                     and ("blocks" not in only or (c.model.name, c.workload.label, c.batch_size) in only["blocks"])]
             if not cells:
                 continue
             n += len(cells)
@@ -148,6 +155,77 @@ def cmd_sweep(args) -> int:
               file=sys.stderr)
         return 1
     return 1 if (args.strict and out["failed"]) else 0
+
+
+def _minutes(text, flag: str):
+    """A budget flag's minutes (None when not given); :class:`ConfigError` (one line) unless a number >= 0."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: expected a number of minutes, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise ConfigError(f"{flag}: expected a number of minutes >= 0, got {text!r}")
+    return v
+
+
+def _planned_blocks(args, sweep: SweepConfig, methods: list, only: dict):
+    """``sdlib sweep --plan-minutes N`` / ``--blocks``: the blocks to run as ``only``; None when nothing is left."""
+    from sdlib.run import budget
+    from sdlib.store import SweepStore
+
+    if methods:
+        raise ConfigError("--plan-minutes/--blocks run whole blocks (every arm of a dataset and batch size): "
+                          "not with --methods")
+    if args.blocks:
+        return {**only, "blocks": budget.parse_blocks(args.blocks, sweep)}
+    bp = budget.plan_budget(sweep, SweepStore(sweep.out_dir), args.plan_minutes, args.priority, only,
+                            retry_failed=not args.skip_failed)
+    chosen = bp.selected
+    if not chosen:
+        if bp.blocks.empty:
+            print(f"{sweep.name}: nothing to run (every cell done)", file=sys.stderr)
+            return None
+        raise ConfigError(f"--plan-minutes {args.plan_minutes:g}: no block fits (the smallest alone needs "
+                          f"{bp.blocks['alone_s'].min() / 60:.1f} min; sdlib plan {args.config} shows them)")
+    left = bp.blocks[~bp.blocks["selected"]]
+    print(f"plan: {len(chosen)} of {len(bp.blocks)} block(s), {bp.total_s / 60:.1f} of {args.plan_minutes:g} min "
+          f"estimated" + (f"; left for later: {', '.join(f'{r.dataset}:{r.batch_size}' for r in left.itertuples())}"
+                          if len(left) else ""), file=sys.stderr)
+    return {**only, "blocks": chosen}
+
+
+def cmd_plan(args) -> int:
+    from sdlib.run import budget
+
+    if args.cost_model:  # a path on the command line resolves from where the user stands
+        args.cost_model = str(Path(args.cost_model).expanduser().resolve())
+    if args.paper_matrix:
+        planner = budget.calibrated_planner(args.cost_model, device=args.device, vllm_version=args.vllm_version)
+        print(budget.format_paper_matrix(budget.paper_matrix(planner)))
+        return 0
+    if args.measured is not None:
+        planner = budget.Planner(args.cost_model, budget.Calibration(), args.device, args.vllm_version)
+        where = Path(args.measured).expanduser().resolve() if args.measured else None  # None: data/sweeps
+        invs = budget.committed_invocations(where, planner, args.device)
+        print(budget.format_measured(budget.measured_vs_plan(invs, args.device), args.device))
+        return 0
+    if not args.config:
+        raise ConfigError("plan: give a sweep CONFIG (or --paper-matrix, or --measured)")
+    minutes = _minutes(args.gpu_minutes, "--gpu-minutes")
+    from sdlib.store import SweepStore
+
+    sweep = _load(args)
+    budget.parse_priority(args.priority, sweep)  # a bad --priority fails before anything is priced
+    bp = budget.plan_budget(sweep, SweepStore(sweep.out_dir), minutes, args.priority, _only(args, sweep),
+                            cost_model=args.cost_model, device=args.device, vllm_version=args.vllm_version,
+                            from_scratch=args.from_scratch)
+    print(budget.format_plan(bp, sweep, args.config, args.priority))
+    if args.cells:
+        print()
+        print(budget.format_cells(bp))
+    return 0
 
 
 def cmd_validate(args) -> int:
@@ -298,7 +376,39 @@ def add_parsers(sub) -> None:
     s.add_argument("--no-summary", dest="summary", action="store_false", help="no summary table at the end")
     s.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
     s.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
+    s.add_argument("--plan-minutes", metavar="N",
+                   help="run only the whole blocks (model, dataset, batch size: every arm) that sdlib plan "
+                        "--gpu-minutes N selects; done cells are skipped, so rerunning takes the next blocks")
+    s.add_argument("--priority", help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
+    s.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")
     s.set_defaults(func=cmd_sweep)
+    pl = sub.add_parser(
+        "plan", help="estimated GPU minutes per engine and block; the blocks that fit a budget", epilog=PATHS_HELP,
+        description="Estimate a sweep's cells (engine steps x the engine cost model, data/costmodels/"
+                    "h200_replay_engine.json; trace-replay plans; synthetic acceptance) and engine starts "
+                    "(median engine_start_s of the committed sweeps' provenance, data/sweeps/*/provenance.json), "
+                    "skip cells already in the results folder, and with --gpu-minutes pick the whole comparison "
+                    "blocks (model, dataset, batch size, every arm) that fit. Reads the config, its workloads' "
+                    "prompts and traces, the results folder, the cost model and the committed provenance; writes "
+                    "nothing. The formula: sdlib/run/budget.py.")
+    pl.add_argument("config", nargs="?", help="sweep YAML")
+    pl.add_argument("--gpu-minutes", metavar="N", help="budget: the blocks that fit in N minutes")
+    pl.add_argument("--priority", help="block order: dataset (default: the config's datasets, then batch sizes), "
+                                       "bs (batch sizes first), or a list of datasets, batch sizes, dataset:bs")
+    pl.add_argument("--batch-sizes", type=_ints, help="only blocks at these batch sizes of the config")
+    pl.add_argument("--datasets", type=_names, help="only blocks of these workloads of the config")
+    pl.add_argument("--results-dir", help="the results folder whose done cells are skipped (default: the config's)")
+    pl.add_argument("--from-scratch", action="store_true", help="plan every cell, as if none were done")
+    pl.add_argument("--cells", action="store_true", help="also print every cell's estimate")
+    pl.add_argument("--cost-model", help="engine cost model JSON (default: data/costmodels/h200_replay_engine.json)")
+    pl.add_argument("--device", default="NVIDIA H200", help="device whose engine starts calibrate (default: %(default)s)")
+    pl.add_argument("--vllm-version", help="only engine starts recorded with this vLLM (default: any)")
+    pl.add_argument("--paper-matrix", action="store_true",
+                    help="the paper's full matrix (6 datasets, 5 methods, k 1-10, bs 1-512, 3 repeats, 8B and 70B "
+                         "shapes) in GPU-hours")
+    pl.add_argument("--measured", nargs="?", const="", metavar="DIR",
+                    help="minutes each recorded invocation under DIR (default data/sweeps) used against its plan")
+    pl.set_defaults(func=cmd_plan)
     v = sub.add_parser("validate", help="check a config, its models and workloads; start nothing", epilog=PATHS_HELP)
     v.add_argument("config", help="sweep YAML")
     v.set_defaults(func=cmd_validate)

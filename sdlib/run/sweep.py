@@ -87,7 +87,8 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
     """Run every unfinished cell of a sweep; returns the store (read tables from it).
 
     ``only_methods``: run only these engine groups (label or method name); ``only``: run only cells with
-    these ``batch_sizes`` / ``datasets`` (the config's cells stay the current ones). ``verbose``: echo the
+    these ``batch_sizes`` / ``datasets``, or in these ``blocks`` ((model, dataset, batch size) keys, e.g. from
+    :func:`sdlib.run.budget.select_blocks`); the config's cells stay the current ones. ``verbose``: echo the
     engines' output (vLLM's logs; always kept in ``logs/``). ``quiet``: print nothing.
     ``store.outcome`` says what this invocation planned, finished and failed.
     """
@@ -106,9 +107,11 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
                                  if g[1] in only_methods or c[0].method.name in only_methods
                                  or c[0].method.label in only_methods)
         if only:
-            bs, ds = only.get("batch_sizes"), only.get("datasets")
+            bs, ds, blocks = only.get("batch_sizes"), only.get("datasets"), only.get("blocks")
             groups = OrderedDict((g, [c for c in cs if (not bs or c.batch_size in bs)
-                                      and (not ds or c.workload.label in ds)]) for g, cs in groups.items())
+                                      and (not ds or c.workload.label in ds)
+                                      and (blocks is None or (c.model.name, c.workload.label, c.batch_size) in blocks)])
+                                 for g, cs in groups.items())
             groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
         planned = [c.run_id for cs in groups.values() for c in cs]
         store.outcome = {"planned": planned, "done": [], "failed": []}
