@@ -13,7 +13,7 @@ SERVING ?= configs/embedded_serving.yaml
 TRACE_DATASETS ?= sharegpt code_edit
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep serving traces confidences costmodels predictor notebooks figures test test-fast bench bench-serving roofline lab strip clean-sweep
+.PHONY: setup models sweep serving traces confidences costmodels predictor notebooks figures test test-durations test-fast bench bench-serving roofline lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,12 +77,20 @@ figures: sweep traces confidences costmodels predictor serving notebooks
 	@echo "figures/ redrawn; the command line is $(VENV)/bin/sdlib (or 'source $(VENV)/bin/activate', then sdlib)"
 
 # notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary
-# folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py)
+# folder; `pytest notebooks --nbmake` also works and writes to $$SDLIB_FIGURES_DIR (notebooks/conftest.py).
+# Two pytest-xdist workers (TEST_WORKERS=0: one process); each test module, and the notebook runs, stay in
+# one worker (--dist loadgroup, tests/conftest.py), longest recorded first (--no-loadscope-reorder keeps it). The summary gives each tier's time against its budget
+# (tests/durations.json); `make test-durations` rewrites the recorded durations.
+TEST_WORKERS ?= 2
+TEST_ARGS = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 test: models
-	$(VENV)/bin/python -m pytest -q tests --durations=15
+	$(VENV)/bin/python -m pytest -q tests $(TEST_ARGS) --durations=15
+
+test-durations: models
+	$(VENV)/bin/python -m pytest -q tests $(TEST_ARGS) --record-durations
 
 test-fast: setup
-	$(VENV)/bin/python -m pytest -q tests -m "not engine and not notebooks"
+	$(VENV)/bin/python -m pytest -q tests -m "not engine and not notebooks" $(TEST_ARGS)
 
 # harness overhead (CPU build, tiny models) -> data/benchmarks/harness_overhead.md (docs/FINDINGS.md links it)
 bench: models

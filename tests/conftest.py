@@ -8,6 +8,9 @@ without it; ``gpu`` tests need a CUDA GPU and vLLM; ``notebooks`` are the notebo
 
 Tests never write ``figures/``: ``SDLIB_FIGURES_DIR`` points at a temporary folder for the whole session
 (``sdlib.plots.style``), and the notebook runs get their own ``FIGURES_DIR``.
+
+Collection never imports vLLM (5-10 s): whether an ``engine`` test can run is decided when the first one is
+set up. Each tier's summed durations are reported against its budget at the end (``tests/durations.py``).
 """
 
 from __future__ import annotations
@@ -21,28 +24,48 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests import durations
+
+#: Bootstrap replicates of the notebook runs inside the tests (a notebook with an ``N_BOOT`` parameter gets
+#: this one; the tests recompute at the same value, so the identity checks stay exact). ``make notebooks``
+#: uses each notebook's own default.
+TEST_N_BOOT = 200
+
+
+def pytest_addoption(parser):
+    durations.addoption(parser)
+
 
 def pytest_configure(config):
     """Send any figure a test (or a notebook it runs) saves to a temporary folder, never to figures/."""
     os.environ["SDLIB_FIGURES_DIR"] = tempfile.mkdtemp(prefix="sdlib-test-figures-")
+    durations.configure(config)
+    # pytest-xdist registers it when installed; the groups are harmless without it
+    config.addinivalue_line("markers", "xdist_group(name): tests run in one pytest-xdist worker (--dist loadgroup)")
 
 
 class NotebookRuns:
     """The notebook runs of ``make notebooks`` (:data:`sdlib.plots.notebooks.RUNS`), executed at most once
     per session with papermill into a temporary folder: executed copies in ``root``, figures and their
-    CSVs in ``figures`` (one folder for all runs, as ``make notebooks`` uses ``figures/``)."""
+    CSVs in ``figures`` (one folder for all runs, as ``make notebooks`` uses ``figures/``). A notebook with
+    an ``N_BOOT`` parameter runs with ``N_BOOT = n_boot`` (the tests recompute with the same)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, n_boot: int = TEST_N_BOOT):
         self.root = Path(root)
         self.figures = self.root / "figures"
+        self.n_boot = n_boot
         self.done: dict[str, Path] = {}
 
     def run(self, name: str) -> Path:
         """Execute the run called ``name`` (a notebook stem or ``<stem>+<parameter file>``) once; its copy."""
+        import dataclasses
+
         from sdlib.plots.notebooks import RUNS, execute
 
         if name not in self.done:
             run = next(r for r in RUNS if r.name == name)
+            if "N_BOOT" in notebook_parameters(run.notebook):
+                run = dataclasses.replace(run, parameters={**run.parameters, "N_BOOT": self.n_boot})
             self.done[name] = execute(run, self.root, self.figures)
         return self.done[name]
 
@@ -66,9 +89,49 @@ def notebook_runs(tmp_path_factory) -> NotebookRuns:
     return NotebookRuns(tmp_path_factory.mktemp("notebook_runs"))
 
 
+def run_input_cells(notebook: str, parameters: dict, figures_dir: Path) -> dict:
+    """Run a notebook's cells in this process as papermill runs them, up to the one that checks its inputs:
+    the cells before and including the ``parameters`` cell, then ``parameters`` and ``FIGURES_DIR =
+    figures_dir`` (papermill's injected cell), then the next cell (each notebook reads and checks its inputs
+    there, before anything is drawn). What a missing input raises there is raised here, with no kernel and
+    no papermill run. Working directory and figures folder as papermill's (the repo root; restored after).
+    Returns the notebook's namespace."""
+    import nbformat
+
+    from sdlib.paths import REPO_ROOT
+    from sdlib.plots import style
+
+    nb = nbformat.read(REPO_ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    at = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
+    ns: dict = {"__name__": "__main__"}
+    saved, cwd = style._figures_dir, os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        for i, cell in enumerate(code[:at + 2]):
+            if i == at + 1:
+                ns.update({**parameters, "FIGURES_DIR": str(figures_dir)})
+            exec(compile(cell.source, f"<{notebook} code cell {i}>", "exec"), ns)  # noqa: S102
+    finally:
+        style._figures_dir = saved
+        os.chdir(cwd)
+    return ns
+
+
+@functools.lru_cache(maxsize=None)
+def notebook_parameters(notebook: str) -> dict:
+    """The names in a notebook's ``parameters`` cell (papermill's own reading of it)."""
+    import papermill as pm
+
+    from sdlib.paths import REPO_ROOT
+
+    return pm.inspect_notebook(str(REPO_ROOT / "notebooks" / f"{notebook}.ipynb"))
+
+
 @functools.lru_cache(maxsize=1)
 def vllm_importable() -> bool:
-    """True when ``import vllm`` works here (the engine tier runs only then)."""
+    """True when ``import vllm`` works here (the engine tier runs only then). Asked when the first engine or
+    GPU test is set up, never at collection (the fast tier does not pay for the import)."""
     try:
         import vllm  # noqa: F401
     except Exception:  # noqa: BLE001 - a broken install counts as absent
@@ -86,14 +149,29 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark notebook items ``notebooks``; skip ``engine`` items without vLLM and ``gpu`` items without a GPU."""
+    """Mark notebook items ``notebooks`` (``engine`` and ``gpu`` items are skipped at set-up without vLLM or a
+    GPU: :func:`pytest_runtest_setup`). For ``pytest -n 2 --dist loadgroup`` (``make test``), each item gets
+    an ``xdist_group``: its module, or ``notebook_runs`` for every user of the session's notebook runs, so a
+    module's fixtures and the notebook runs are made once, in one worker; and the groups are ordered longest
+    first by their recorded durations (with ``--no-loadscope-reorder``, the workers take them in that order,
+    so the last ones to run are short)."""
     for item in items:
-        if str(getattr(item, "path", "")).endswith(".ipynb") or "notebook_runs" in getattr(item, "fixturenames", ()):
+        uses_runs = "notebook_runs" in getattr(item, "fixturenames", ())
+        if str(getattr(item, "path", "")).endswith(".ipynb") or uses_runs:
             item.add_marker(pytest.mark.notebooks)
-        if "gpu" in item.keywords and not (cuda_available() and vllm_importable()):
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU and vLLM"))
-        elif "engine" in item.keywords and not vllm_importable():
-            item.add_marker(pytest.mark.skip(reason="vLLM is not installed (engine tier)"))
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("notebook_runs" if uses_runs else item.nodeid.split("::")[0]))
+    if config.getoption("dist", "no") == "loadgroup":
+        items[:] = durations.longest_groups_first(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Skip ``gpu`` items without a CUDA GPU and vLLM, ``engine`` items without vLLM."""
+    if "gpu" in item.keywords and not (cuda_available() and vllm_importable()):
+        pytest.skip("needs a CUDA GPU and vLLM")
+    elif "engine" in item.keywords and not vllm_importable():
+        pytest.skip("vLLM is not installed (engine tier)")
 
 
 @dataclass

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdlib.plots.notebooks import RUNS, NotebookRun, execute
+from sdlib.plots.notebooks import RUNS
+from tests.conftest import run_input_cells
 
 EMB = "data/sweeps/embedded_default"
 
@@ -41,8 +42,8 @@ def test_01_speedup_csv_is_speedup_table_of_the_runs(notebook_runs, run, sweep):
     assert len(want) == len(csv) == len(speedup_table(runs))
     assert want["speedup_csv"].to_numpy() == pytest.approx(want["speedup"].to_numpy(), rel=1e-8, nan_ok=True)
     assert want["tok_per_s_csv"].to_numpy() == pytest.approx(want["tok_per_s"].to_numpy(), rel=1e-8)
-    # the intervals: recomputed with the same seeds, and every SD point inside its own interval
-    _, sp = sweep_intervals(f"data/sweeps/{sweep}")
+    # the intervals: recomputed with the same seeds and replicates, and every SD point inside its own interval
+    _, sp = sweep_intervals(f"data/sweeps/{sweep}", n_boot=notebook_runs.n_boot)
     both = sp.merge(csv, on=keys, suffixes=("", "_csv"))
     for c in ("speedup_lo", "speedup_hi", "tok_per_s_lo", "tok_per_s_hi"):
         assert both[f"{c}_csv"].to_numpy() == pytest.approx(both[c].to_numpy(), rel=1e-8, nan_ok=True), c
@@ -224,7 +225,8 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
 
 
 # ---------------------------------------------------------------------------
-# inputs that are not there: a clear error naming the folder, not another sweep's figures
+# inputs that are not there: a clear error naming the folder, not another sweep's figures (the notebooks'
+# input cells run in this process, no papermill run: tests/conftest.py's run_input_cells)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("params, named", [
@@ -233,23 +235,18 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
      "/nonexistent/results/embedded_default"),
 ])
 def test_01_missing_folder_is_an_error_naming_it(tmp_path, params, named):
-    import papermill as pm
-
-    run = NotebookRun("01_throughput_sweep", parameters=params)
-    with pytest.raises(pm.PapermillExecutionError) as e:
-        execute(run, tmp_path, tmp_path / "figures")
-    assert "FileNotFoundError" in str(e.value) and named in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        run_input_cells("01_throughput_sweep", params, tmp_path / "figures")
+    assert named in str(e.value)
     assert not (tmp_path / "figures").exists() or not any((tmp_path / "figures").iterdir())
 
 
 @pytest.mark.parametrize("notebook", ["02_time_breakdown", "03_acceptance_variance", "04_bleu_ngram",
                                       "05_oracle_bounds"])
 def test_other_notebooks_refuse_a_missing_sweep_folder(tmp_path, notebook):
-    import papermill as pm
-
-    run = NotebookRun(notebook, parameters={"SWEEP_DIRS": ["data/sweeps/no_such_sweep"]})
-    with pytest.raises(pm.PapermillExecutionError, match="no_such_sweep"):
-        execute(run, tmp_path, tmp_path / "figures")
+    with pytest.raises(FileNotFoundError, match="no_such_sweep"):
+        run_input_cells(notebook, {"SWEEP_DIRS": ["data/sweeps/no_such_sweep"]}, tmp_path / "figures")
+    assert not (tmp_path / "figures").exists() or not any((tmp_path / "figures").iterdir())
 
 
 def test_every_run_writes_into_its_figures_dir_only(notebook_runs):

@@ -2,7 +2,9 @@
 
 One engine per method (target alone, draft_model, eagle, eagle3; k=3), each in
 its own process (``sdlib train _check-one``), so engines never share memory
-and a crash is reported, not fatal. Engines come from
+and a crash is reported, not fatal; or, with ``one_process=True``, all of them
+one after the other in one such process (one Python and vLLM start instead of
+one per method: the tests use it). Engines come from
 :func:`sdlib.vllm.engine.make_engine` with the sweep's habits (bf16 here, as
 the weights are saved; prefix caching off); nothing here imports vLLM.
 
@@ -87,30 +89,37 @@ def check_one(models: Path, method: str, k: int, n: int, max_tokens: int,
 
 def check(models: Path, methods=("none", "draft_model", "eagle", "eagle3"), k: int = 3, n: int = 4,
           max_tokens: int = 32, timeout_s: int = 900, data_dir: Optional[Path] = None,
-          max_prompt_len: int = 512) -> list[dict]:
-    """Load ``models`` in the CPU build of vLLM, one engine per subprocess; returns one dict each
-    (``ok``, acceptance counters, ``same_as_target``: greedy outputs equal the target's).
+          max_prompt_len: int = 512, one_process: bool = False) -> list[dict]:
+    """Load ``models`` in the CPU build of vLLM, one engine per subprocess (``one_process``: every engine,
+    one after the other, in one subprocess; a method after a crash is reported failed with the crash's
+    output); returns one dict each (``ok``, acceptance counters, ``same_as_target``: greedy outputs equal
+    the target's).
 
     Prompts: ``n`` fixed chat prompts, or with ``data_dir`` the first held-out
     prompts of a prepared folder (what the sweep will see)."""
     results: list[dict[str, Any]] = []
-    for m in methods:
+    for ms in ([list(methods)] if one_process else [[m] for m in methods]):
         cmd = [sys.executable, "-m", "sdlib", "train", "_check-one", "--models", str(Path(models).resolve()),
-               "--method", m, "-k", str(k), "-n", str(n), "--max-tokens", str(max_tokens)]
+               "--method", ",".join(ms), "-k", str(k), "-n", str(n), "--max-tokens", str(max_tokens)]
         if data_dir is not None:
             cmd += ["--data", str(Path(data_dir).resolve()), "--max-prompt-len", str(max_prompt_len)]
         env = dict(os.environ)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(REPO_ROOT))
-        line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{\"method\"")), None)
-        if p.returncode != 0 or line is None:
-            results.append({"method": m, "ok": False, "rc": p.returncode, "wall_s": round(time.perf_counter() - t0, 1),
-                            "stderr_tail": p.stderr[-3000:]})
-        else:
-            r = json.loads(line)
-            r.update(ok=True, wall_s=round(time.perf_counter() - t0, 1))
-            results.append(r)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s * len(ms), env=env,
+                           cwd=str(REPO_ROOT))
+        wall = round(time.perf_counter() - t0, 1)
+        got = {}
+        for ln in p.stdout.splitlines():
+            if ln.startswith("{\"method\""):
+                r = json.loads(ln)
+                got[r["method"]] = r
+        for m in ms:
+            if m in got and (p.returncode == 0 or len(ms) > 1):
+                results.append({**got[m], "ok": True, "wall_s": wall})
+            else:
+                results.append({"method": m, "ok": False, "rc": p.returncode, "wall_s": wall,
+                                "stderr_tail": p.stderr[-3000:]})
     base = next((r for r in results if r["method"] == "none" and r["ok"]), None)
     for r in results:
         if base is not None and r["ok"] and r["method"] != "none":

@@ -180,7 +180,7 @@ def build_parser(prog: str = "sdlib train") -> argparse.ArgumentParser:
 
     o = sub.add_parser("_check-one")  # no help=: not listed (one engine, what `check` runs per method)
     o.add_argument("--models", required=True)
-    o.add_argument("--method", required=True)
+    o.add_argument("--method", required=True)  # or several, comma-separated: one engine each, in turn
     o.add_argument("-k", type=int, default=3)
     o.add_argument("-n", type=int, default=4)
     o.add_argument("--max-tokens", type=int, default=32)
@@ -237,9 +237,10 @@ def main(argv: Optional[list[str]] = None, prog: str = "sdlib train") -> int:
     elif a.cmd == "_check-one":
         from sdlib.models.train.check import check_one
 
-        r = check_one(user_path(a.models), a.method, a.k, a.n, a.max_tokens,
-                      user_path(a.data) if a.data else None, a.max_prompt_len)
-        print(json.dumps(r), flush=True)
+        for m in a.method.split(","):
+            r = check_one(user_path(a.models), m, a.k, a.n, a.max_tokens,
+                          user_path(a.data) if a.data else None, a.max_prompt_len)
+            print(json.dumps(r), flush=True)
     elif a.cmd == "cards":
         from sdlib.models.train.cards import cards_markdown
 
