@@ -132,8 +132,8 @@ def test_05_oracle_combine_instructcoder_bs1_authors(notebook_runs):
     got = float(row.speedup.iloc[0])
     assert round(got, 2) == 4.89  # the paper reports ~4.9x with their simulator
     per = O.simulate_requests(O.prepare_traces(load_reference_traces(["instructcoder"])),
-                              cost_models=[AUTHORS_H100_LLAMA8B], batch_sizes=[1], proposers=["combined"],
-                              predict_methods=["ORACLE"], conventions=["authors"], sample="authors")
+                              cost_models=[AUTHORS_H100_LLAMA8B], batch_sizes=[1],
+                              policies=[O.PolicyRef("combine")], conventions=["authors"], sample="authors")
     want = float(O.speedup_table(per).speedup.iloc[0])
     assert got == pytest.approx(want, rel=1e-5)  # the CSV keeps 6 significant digits
 
