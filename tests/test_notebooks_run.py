@@ -164,6 +164,28 @@ def test_06_hook_control_and_graph_modes_are_the_sweeps(notebook_runs):
         assert np.allclose(m[col], m[f"{col}_want"], rtol=1e-9, equal_nan=True)
 
 
+def test_06_paired_gains_are_the_batches_ratio(notebook_runs):
+    """The measured gain of Oracle Combine over the best fixed arm (h200_replay, InstructCoder bs 32) is the
+    ratio of the two arms' mean per-batch throughput over the prompts both ran, recomputed from the tables."""
+    from sdlib.analysis.replay_report import _batches
+
+    pg = notebook_runs.csv("06_trace_replay", "06_trace_replay__paired_gains__sweep=h200_replay.csv")
+    assert {"measured", "measured_lo", "measured_hi", "simulated", "fixed_overprediction"} <= set(pg.columns)
+    row = pg[(pg.dataset == "instructcoder") & (pg.batch_size == 32) & (pg.arm == "Oracle Combine")].iloc[0]
+    assert row.measured_lo <= row.measured <= row.measured_hi
+    *_, batches = _batches("data/sweeps/h200_replay")
+    b = batches[(batches.dataset == "instructcoder") & (batches.batch_size == 32)]
+    arm = b[b.method_label == row.arm_label].set_index("prompt_index").tok_per_s
+    best = b[b.method_label == row.best_fixed_label].set_index("prompt_index").tok_per_s
+    c = arm.index.intersection(best.index)
+    assert row.measured == pytest.approx(arm[c].mean() / best[c].mean(), rel=1e-9)
+    assert len(c) == row.n_prompts
+    # the best fixed arm is the fixed arm of largest measured speedup in the same cell
+    sp = notebook_runs.csv("06_trace_replay", "06_trace_replay__speedups__sweep=h200_replay.csv")
+    fx = sp[(sp.dataset == "instructcoder") & (sp.batch_size == 32) & sp.method_label.str.endswith("-fixed")]
+    assert fx.loc[fx.speedup.idxmax(), "method_label"] == row.best_fixed_label
+
+
 # ---------------------------------------------------------------------------
 # notebook 07: the measured H200 ratios are the requests' own throughput; the gap shares are the table's
 # ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
 from sdlib.analysis.replay import (batch_throughput, calibration_table, error_summary, graph_mode, harness_hiccups,
@@ -26,7 +27,9 @@ def replay_report(sweep_dir: str | Path, cost_models: Sequence[CostModel] = ()) 
     """Tables of one replay sweep: ``hiccups`` (batches left out), ``speedups`` (measured, paired, 95% CI),
     ``calibration``, ``step_costs``, ``engine_fits``, ``predictions`` (simulator with each cost model, ragged
     and padded, and the engine refit), ``comparison`` (measured beside each prediction), ``errors``,
-    ``stack_measured`` and ``stack_simulated`` (the first cost model, as the engine pads)."""
+    ``stack_measured`` and ``stack_simulated`` (the first cost model, as the engine pads), and ``paired_gains``
+    (Oracle Combine's and Oracle Proposal's gain over the best fixed method, measured against each prediction:
+    :func:`paired_gains`)."""
     store, info, runs, es, hiccups, batches = _batches(sweep_dir)
     sp = paired_speedups(batches, info)
     bss = sorted(runs["batch_size"].unique())
@@ -47,6 +50,59 @@ def replay_report(sweep_dir: str | Path, cost_models: Sequence[CostModel] = ()) 
                                     "k"]].merge(
             first.rename(columns={"speedup_sim": "speedup"}), on=["dataset", "method_label", "batch_size"])
         out["stack_simulated"] = bounds_stack(sim)
+        out["paired_gains"] = paired_gains(batches, info, sp, predictions)
+    return out
+
+
+#: the oracle arms whose gain over the best fixed method :func:`paired_gains` compares, by the policy kind
+GAIN_KINDS = {"combine": "Oracle Combine", "oracle": "Oracle Proposal"}
+
+
+def _best(cells: pd.DataFrame, col: str) -> pd.Series:
+    """The row of ``cells`` with the largest ``col`` (Combine: the uncapped-k instances only)."""
+    return cells.loc[cells[col].idxmax()]
+
+
+def paired_gains(batches: pd.DataFrame, info: pd.DataFrame, sp: pd.DataFrame,
+                 predictions: pd.DataFrame) -> pd.DataFrame:
+    """Simulated against measured as paired ratios: per (dataset, batch size, predictor) the gain of Oracle
+    Combine and of Oracle Proposal over the best fixed method, each world choosing its own best cells.
+
+    ``measured`` (with ``measured_lo``/``measured_hi``: paired bootstrap over the prompts both arms ran, the
+    batches of :func:`_batches`) is best oracle arm / best fixed arm by measured speedup; ``simulated`` the same
+    ratio from the predictor's speedups. The fixed cells' own over-prediction is kept apart:
+    ``fixed_overprediction`` = predicted / measured speedup of the measured best fixed cell - 1 (a predictor can
+    be wrong about both arms and right about their ratio, or the reverse)."""
+    cells = simulator_labels(sp)
+    cells = cells[(cells["kind"] != "combine") | cells["k"].isna()]
+    rows = []
+    for (ds, bs), g in cells.groupby(["dataset", "batch_size"]):
+        fixed = g[g["kind"] == "fixed"]
+        if fixed.empty:
+            continue
+        bf = _best(fixed, "speedup")
+        rel = paired_speedups(batches[(batches["dataset"] == ds) & (batches["batch_size"] == bs)], info,
+                              baseline=bf["method_label"]).set_index("method_label")
+        pr = predictions[(predictions["dataset"] == ds) & (predictions["batch_size"] == bs)]
+        for kind, arm in GAIN_KINDS.items():
+            arms = g[g["kind"] == kind]
+            if arms.empty:
+                continue
+            best = _best(arms, "speedup")
+            m = rel.loc[best["method_label"]]
+            for (cm, var), p in pr.groupby(["cost_model", "variant"], sort=False):
+                p = p.set_index("method_label")["speedup_sim"]
+                sim_fixed = p.reindex(fixed["method_label"]).max()
+                sim_arm = p.reindex(arms["method_label"]).max()
+                rows.append({"dataset": ds, "batch_size": int(bs), "arm": arm, "predictor": f"{cm}, {var}",
+                             "best_fixed_label": bf["method_label"], "arm_label": best["method_label"],
+                             "n_prompts": int(m["n_prompts"]), "measured": float(m["speedup"]),
+                             "measured_lo": float(m["speedup_lo"]), "measured_hi": float(m["speedup_hi"]),
+                             "simulated": float(sim_arm / sim_fixed),
+                             "fixed_overprediction": float(p.get(bf["method_label"], np.nan) / bf["speedup"] - 1)})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["sim_over_measured"] = out["simulated"] / out["measured"]
     return out
 
 
