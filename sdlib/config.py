@@ -127,6 +127,10 @@ _ADDED_FIELDS: dict[str, Any] = {"replay": None, "datasets": None, "batch_sizes"
                                   "pin_target": False, "name": None, "aa_of": None}
 
 
+#: Workload fields that select cells rather than describe them: never part of a cell's key.
+WORKLOAD_SELECTIONS = ("batch_sizes",)
+
+
 #: The same for serving cells (whose keys were fixed when fewer fields had been added).
 SERVING_ADDED_FIELDS: dict[str, Any] = {"aa_of": None}
 
@@ -283,6 +287,9 @@ class WorkloadConfig:
     # the workload's name in tables (default: the dataset); needed for dataset "custom" and to tell apart two
     # workloads of one dataset
     name: Optional[str] = None
+    # the batch sizes this workload runs at (default: the sweep's). A selection, not a property of its cells: it
+    # never enters a cell's key, so widening it later adds cells and keeps the ids of those already run
+    batch_sizes: Optional[list[StrictInt]] = None
 
     @model_validator(mode="after")
     def _check(self) -> "WorkloadConfig":
@@ -349,7 +356,7 @@ class Cell:
         key = {
             "model": _key_dict(self.model),
             "method": _key_dict(self.method),
-            "workload": _key_dict(self.workload),
+            "workload": {k: v for k, v in _key_dict(self.workload).items() if k not in WORKLOAD_SELECTIONS},
             "batch_size": self.batch_size,
             "repeat": self.repeat,
             "batch_mode": self.batch_mode,
@@ -472,6 +479,10 @@ class SweepConfig:
             bad_bs = sorted(set(m.batch_sizes or []) - set(self.batch_sizes))
             if bad_bs:
                 raise ValueError(f"methods.{m.label}.batch_sizes: {bad_bs} are not in batch_sizes {self.batch_sizes}")
+        for w in self.workloads:
+            bad_bs = sorted(set(w.batch_sizes or []) - set(self.batch_sizes))
+            if bad_bs:
+                raise ValueError(f"workloads.{w.label}.batch_sizes: {bad_bs} are not in batch_sizes {self.batch_sizes}")
         by_label = {m.label: m for m in self.methods}
         for m in self.methods:
             if m.aa_of is None:
@@ -537,7 +548,8 @@ class SweepConfig:
                     if method.datasets and wl.label not in method.datasets:
                         continue
                     for bs in self.batch_sizes:
-                        if method.batch_sizes and bs not in method.batch_sizes:
+                        if (method.batch_sizes and bs not in method.batch_sizes) or \
+                                (wl.batch_sizes and bs not in wl.batch_sizes):
                             continue
                         n = wl.num_requests
                         if self.requests_per_slot and self.batch_mode == "closed_loop":

@@ -147,3 +147,17 @@ def test_two_levels_cover_where_units_alone_do_not():
 
     assert _coverage(draw, two, 200) >= 0.88
     assert _coverage(draw, one, 200) <= 0.80
+
+
+def test_few_cluster_interval_is_a_t_interval_on_the_log_scale():
+    from sdlib.core import bootstrap as B
+
+    assert B.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert B.t_quantile(0.975, 3) == pytest.approx(3.18245, abs=1e-5)
+    assert np.isnan(B.t_quantile(0.975, 0))
+    reps = np.exp(np.array([-0.1, 0.0, 0.1, 0.0]))  # sd of the logs 0.0816...
+    lo, hi = B.few_cluster_interval(1.0, reps, n_clusters=4)
+    se = np.std(np.log(reps), ddof=1) * np.sqrt(4 / 3)
+    assert (lo, hi) == pytest.approx((np.exp(-3.18245 * se), np.exp(3.18245 * se)), rel=1e-5)
+    assert B.few_cluster_interval(1.2, np.full(10, 1.2), 4) == pytest.approx((1.2, 1.2))  # no spread, no width
+    assert np.isnan(B.few_cluster_interval(1.0, reps, 1)[0])  # one cluster: no between-cluster variance to see

@@ -266,3 +266,19 @@ def test_an_aa_twin_must_equal_its_arm():
     bad[3] = {**POWERED["methods"][3], "aa_of": "nope"}
     with pytest.raises(ConfigError, match="aa_of"):
         parse_sweep({**POWERED, "methods": bad})
+
+
+def test_a_workloads_batch_sizes_select_cells_and_keep_their_ids():
+    """``workloads.*.batch_sizes`` runs a workload at some batch sizes only; the cells it keeps have the ids they
+    have without it, so widening it later keeps the cells run. A batch size outside the sweep's is an error."""
+    base = load_sweep(CONFIGS_DIR / "h200_powered_ngram.yaml").to_dict()
+    for w in base["workloads"]:
+        w.pop("batch_sizes", None)
+    full = {c.run_id for c in parse_sweep(base).cells()}
+    narrow = dict(base, workloads=[{**base["workloads"][0], "batch_sizes": [32]}, *base["workloads"][1:]])
+    sel = parse_sweep(narrow).cells()
+    assert {c.run_id for c in sel} < full
+    assert {c.batch_size for c in sel if c.workload.label == "instructcoder"} == {32}
+    assert {c.batch_size for c in sel if c.workload.label == "gsm8k"} == {32, 128}
+    with pytest.raises(ConfigError, match=r"workloads.instructcoder.batch_sizes: \[8\]"):
+        parse_sweep(dict(base, workloads=[{**base["workloads"][0], "batch_sizes": [8]}]))

@@ -14,17 +14,20 @@ PROV = {"config": {"methods": [
     {"name": "ngram", "num_spec_tokens": 10, "label": "orc", "replay": "oracle"}]}}
 
 
-def units_of(rates: dict, starts=(0, 1), prompts=range(8)) -> pd.DataFrame:
-    """Units whose rate is ``rates[label](start, prompt)``."""
-    rows = [{"dataset": "d", "batch_size": 4, "method_label": lab, "engine_start": s, "prompt_index": p,
-             "rate": float(f(s, p)), "n_requests": 1, "output_tokens": 10}
-            for lab, f in rates.items() for s in starts for p in prompts]
+def units_of(rates: dict, starts=(0, 1), prompts=range(8), repeats=(0,)) -> pd.DataFrame:
+    """Units whose rate is ``rates[label](start, prompt)`` (or ``(start, prompt, repeat)`` for a 3-argument f)."""
+    def val(f, s, p, r):
+        return f(s, p, r) if f.__code__.co_argcount == 3 else f(s, p)
+
+    rows = [{"dataset": "d", "batch_size": 4, "method_label": lab, "engine_start": s, "repeat": r, "prompt_index": p,
+             "rate": float(val(f, s, p, r)), "n_requests": 1, "output_tokens": 10}
+            for lab, f in rates.items() for s in starts for r in repeats for p in prompts]
     return pd.DataFrame(rows)
 
 
 def test_request_rates_and_units_by_hand():
     runs = pd.DataFrame({"run_id": ["a", "b"], "method_label": ["none", "k3"], "dataset": "d", "batch_size": 4,
-                         "engine_start": [0, 1]})
+                         "engine_start": [0, 1], "repeat": 0})
     req = pd.DataFrame({"run_id": ["a", "a", "b", "b"], "prompt_index": [0, 0, 0, 1], "output_tokens": [11, 21, 11, 1],
                         "first_token_s": [0.0, 1.0, 0.0, 0.0], "finish_s": [1.0, 3.0, 0.5, 0.1]})
     r = P.request_rates(runs, req)
@@ -42,6 +45,7 @@ def test_a_constant_ratio_is_exact_and_established_beyond_the_drift():
     aa = P.aa_table(u, arms, n_boot=200)
     assert aa.iloc[0]["ratio"] == pytest.approx(1.0) and aa.iloc[0]["drift"] == pytest.approx(0.0, abs=1e-12)
     assert bool(aa.iloc[0]["contains_1"]) and aa.iloc[0]["n_starts"] == 2 and aa.iloc[0]["n_prompts"] == 8
+    assert aa.iloc[0]["n_cells"] == 2
     sp = P.speedup_table(u, arms, aa, n_boot=200).set_index("arm")
     assert sp.loc["k3", "ratio"] == pytest.approx(1.5) and sp.loc["k3", "ratio_lo"] == pytest.approx(1.5)
     hl = P.headline_table(u, arms, aa, sp.reset_index(), n_boot=200)
@@ -50,22 +54,51 @@ def test_a_constant_ratio_is_exact_and_established_beyond_the_drift():
 
 
 def test_drift_between_engine_starts_widens_the_interval_and_blocks_the_claim():
-    # start 1 runs the twin 10% faster than its arm: the A/A interval reaches 1.1, and a 5% difference is not
-    # established against that drift
+    # start 1 runs the twin 10% faster than its arm: with two cells per arm the A/A interval (t on 1 degree of
+    # freedom) is wide; a 5% difference that drifts the same way between starts is not established, one that
+    # holds on every start is
     u = units_of({"none": lambda s, p: 10.0 + p, "k3": lambda s, p: 10.0 + p,
-                  "k3-AA": lambda s, p: (10.0 + p) * (1.1 if s else 1.0), "orc": lambda s, p: 1.05 * (10.0 + p)})
+                  "k3-AA": lambda s, p: (10.0 + p) * (1.1 if s else 1.0),
+                  "orc": lambda s, p: 1.05 * (10.0 + p) * (1.1 if s else 1.0)})
     arms = P.arm_info(PROV)
     aa = P.aa_table(u, arms, n_boot=400)
-    assert aa.iloc[0]["ratio_hi"] > 1.09 and aa.iloc[0]["drift"] > 0.09 and aa.iloc[0]["mde"] > 0.05
-    row = P.compare(u, "d", 4, "orc", "k3", drift=float(aa.iloc[0]["drift"]), n_boot=400)
-    assert row["ratio"] == pytest.approx(1.05) and row["ratio_lo"] > 1 and not row["established"]
-    assert P.established(1.2, 1.3, 0.1) and not P.established(1.05, 1.3, 0.1) and P.established(0.7, 0.8, 0.1)
+    assert aa.iloc[0]["ratio_hi"] > 1.3 and aa.iloc[0]["ratio_lo"] < 0.8 and bool(aa.iloc[0]["contains_1"])
+    assert aa.iloc[0]["drift"] > 0.2 and aa.iloc[0]["mde"] > 0.3
+    row = P.compare(u, "d", 4, "orc", "k3", aa_ok=True, n_boot=400)
+    assert row["ratio"] == pytest.approx(1.05 * (1.0 + 1.1) / 2)  # sums over both starts: (1.05 S + 1.155 S) / 2 S
+    assert row["ratio_lo"] < 1 < row["ratio_hi"] and not row["established"]
+    steady = P.compare(units_of({"k3": lambda s, p: 10.0 + p, "orc": lambda s, p: 1.05 * (10.0 + p)}),
+                       "d", 4, "orc", "k3", aa_ok=True, n_boot=400)
+    assert steady["ratio_lo"] == pytest.approx(1.05) and steady["established"]
+    assert not P.compare(units_of({"k3": lambda s, p: 10.0 + p, "orc": lambda s, p: 1.05 * (10.0 + p)}),
+                         "d", 4, "orc", "k3", aa_ok=False, n_boot=400)["established"]  # the A/A check failed
+    assert P.established(1.2, 1.3) and not P.established(0.95, 1.3) and P.established(0.7, 0.8)
+    assert not P.established(1.2, 1.3, aa_ok=False)
+
+
+def test_cells_are_the_clusters_and_few_of_them_give_t_intervals():
+    # four cells per arm (2 starts x 2 repeats) whose A/A ratios are 0.95, 1.05, 0.97, 1.03: the interval is the
+    # t interval on 3 degrees of freedom around their pooled ratio, wider than the percentile bootstrap
+    f = {(0, 0): 0.95, (0, 1): 1.05, (1, 0): 0.97, (1, 1): 1.03}
+    u = units_of({"none": lambda s, p: 10.0, "k3": lambda s, p: 10.0 + p,
+                  "k3-AA": lambda s, p, r: (10.0 + p) * f[(s, r)], "orc": lambda s, p: 11.0 + p},
+                 repeats=(0, 1))
+    aa = P.aa_table(u, P.arm_info(PROV), n_boot=2000).iloc[0]
+    assert aa["n_cells"] == 4 and aa["n_starts"] == 2 and aa["n_units"] == 32
+    assert aa["ratio"] == pytest.approx(1.0) and aa["ratio_lo"] < 0.95 and aa["ratio_hi"] > 1.05
+    assert (aa["cell_ratio_min"], aa["cell_ratio_max"]) == pytest.approx((0.95, 1.05))
+    from sdlib.core import bootstrap as B
+
+    _, reps, _ = P.ratio_replicates(u, "k3-AA", "k3", ("d", 4), 2000)
+    lo, hi = B.interval(reps)
+    assert aa["ratio_hi"] - aa["ratio_lo"] > 1.5 * (hi - lo)
 
 
 def test_committed_powered_sweeps_rest_on_two_engine_starts():
     for sweep in ("data/sweeps/embedded_powered", "data/sweeps/h200_powered_ngram"):
         t = P.powered_tables(sweep, n_boot=200)
         assert (t["speedups"]["n_starts"] == 2).all() and (t["aa"]["n_starts"] == 2).all()
+        assert (t["speedups"]["n_cells"] >= 2).all()
         assert len(t["headline"]) and set(P.SUPPORT) <= set(t["headline"].columns)
     h = P.powered_tables("data/sweeps/h200_powered_ngram", n_boot=200)
-    assert h["speedups"]["n_prompts"].min() >= 32
+    assert h["speedups"]["n_prompts"].min() >= 32 and (h["speedups"]["n_cells"] == 4).all()

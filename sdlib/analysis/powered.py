@@ -1,20 +1,28 @@
-"""Comparisons a powered sweep can support: paired ratios over prompts and engine starts, the A/A drift of the
-same engines, the minimum detectable effect, and which differences are established.
+"""Comparisons a powered sweep can support: paired ratios over prompts, repeats and engine starts, the A/A check
+of the same engines, the minimum detectable effect, and which differences are established.
 
 A powered sweep (``engine_starts`` >= 2, ``order: abba``, an A/A twin ``methods.*.aa_of``; e.g.
-configs/h200_powered_ngram.yaml) runs every arm on every engine start over the same prompts. The unit of
-comparison is a (engine start, prompt): its value in a cell is the prompt's decode rate, ``(output tokens - 1)
-/ (finish - first token)`` of its requests (closed loop: a prompt cycled at large batch sizes has several; they
-are averaged). Two arms at one (dataset, batch size) are paired on the units both ran, and their ratio is a
-ratio of means, ``sum(rate_a) / sum(rate_b)``, with a two-level bootstrap (:func:`sdlib.core.bootstrap.
-cluster_weights`: engine starts drawn with replacement, then prompts within each), so the interval carries the
-engine-start variance as well as the prompts'.
+configs/h200_powered_ngram.yaml) runs every arm on every engine start, ``repeats`` times, over the same prompts.
+The unit of comparison is a (engine start, repeat, prompt): its value in a cell is the prompt's decode rate,
+``(output tokens - 1) / (finish - first token)`` of its requests (closed loop: a prompt cycled at large batch
+sizes has several; they are averaged). Two arms at one (dataset, batch size) are paired on the units both ran,
+and their ratio is a ratio of means, ``sum(rate_a) / sum(rate_b)``.
 
-* ``drift`` of a block (dataset, batch size) is how far the A/A pair's interval reaches from 1:
-  ``max(|lo - 1|, |hi - 1|)``; a difference is **established** only when a ratio's interval excludes 1 by more
-  than that (``lo > 1 + drift`` or ``hi < 1 - drift``), else it is "not established".
-* ``mde``: the minimum detectable effect of the block, ``exp((z_0.975 + z_0.8) * sd(log A/A replicates)) - 1``:
-  the smallest relative difference a paired comparison of this size detects with 80% power at the 5% level.
+Its interval has to carry what varies from one cell to the next, not only the prompts: on the H200 two cells of
+identical plans on one engine start differed by up to 8% (2026-12-02), far outside a bootstrap over their
+prompts. So the clusters are the cells, (engine start, repeat): a two-level bootstrap
+(:func:`sdlib.core.bootstrap.cluster_weights`: cells drawn with replacement, then prompts within each) gives
+the standard error, and :func:`sdlib.core.bootstrap.few_cluster_interval` turns it into an interval with
+Student's t on ``C - 1`` degrees of freedom (``C`` cells per arm: 2 engine starts x 2 repeats gives 3), since
+a percentile interval over a handful of clusters is far too narrow.
+
+* The **A/A check** of a block (dataset, batch size): the twin over its arm, whose interval must contain 1
+  (``contains_1``); ``drift`` is how far that interval reaches from 1, ``max(|lo - 1|, |hi - 1|)``.
+* A difference is **established** when its interval excludes 1 and the block's A/A interval contains 1 (the
+  intervals are then to be believed); otherwise it is "not established".
+* ``mde``: the minimum detectable effect of the block, ``exp((t_0.975 + t_0.8) * se(log A/A)) - 1`` on the same
+  degrees of freedom: the smallest relative difference a paired comparison of this size detects with 80% power
+  at the 5% level.
 
 Usage:
     from sdlib.analysis.powered import powered_tables
@@ -34,27 +42,30 @@ from sdlib.core import bootstrap
 from sdlib.core.registry import method_spec, replay_ref
 from sdlib.store import SweepStore
 
-#: z of the two-sided 5% level and of 80% power (the minimum detectable effect).
-Z_ALPHA, Z_POWER = 1.959963984540054, 0.8416212335729143
 #: Columns every comparison row carries (what it rests on).
-SUPPORT = ["n_prompts", "n_starts", "n_units", "output_tokens"]
+SUPPORT = ["n_prompts", "n_starts", "n_cells", "n_units", "output_tokens"]
+#: What a cluster (a cell of one arm) is: the unit's coordinates other than the prompt.
+CLUSTER = ["engine_start", "repeat"]
+#: The 80% power quantile of the minimum detectable effect.
+POWER = 0.8
 
 
 def request_rates(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     """Per measured request: its cell's coordinates and ``rate`` = (output tokens - 1) / (finish - first token),
     tokens per second (requests of one token or no decode time are left out)."""
-    r = requests.merge(runs[["run_id", "method_label", "dataset", "batch_size", "engine_start"]], on="run_id")
+    r = requests.merge(runs[["run_id", "method_label", "dataset", "batch_size", "engine_start", "repeat"]],
+                       on="run_id")
     dur = r["finish_s"] - r["first_token_s"]
     ok = (r["output_tokens"] > 1) & (dur > 0)
     r = r[ok].assign(rate=(r["output_tokens"][ok] - 1) / dur[ok])
-    return r[["run_id", "method_label", "dataset", "batch_size", "engine_start", "prompt_index", "output_tokens",
-              "rate"]].reset_index(drop=True)
+    return r[["run_id", "method_label", "dataset", "batch_size", "engine_start", "repeat", "prompt_index",
+              "output_tokens", "rate"]].reset_index(drop=True)
 
 
 def units(rates: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, batch size, method label, engine start, prompt): the mean rate of the prompt's requests,
-    how many there were and their output tokens."""
-    g = rates.groupby(["dataset", "batch_size", "method_label", "engine_start", "prompt_index"])
+    """Per (dataset, batch size, method label, engine start, repeat, prompt): the mean rate of the prompt's
+    requests, how many there were and their output tokens."""
+    g = rates.groupby(["dataset", "batch_size", "method_label", *CLUSTER, "prompt_index"])
     return g.agg(rate=("rate", "mean"), n_requests=("rate", "size"), output_tokens=("output_tokens", "sum")
                  ).reset_index()
 
@@ -77,68 +88,92 @@ def arm_info(provenance: dict) -> pd.DataFrame:
 
 
 def _pair(u: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
-    keys = ["engine_start", "prompt_index"]
+    keys = [*CLUSTER, "prompt_index"]
     ua = u.loc[u["method_label"] == a, keys + ["rate", "output_tokens"]]
     ub = u.loc[u["method_label"] == b, keys + ["rate", "output_tokens"]]
     return ua.merge(ub, on=keys, suffixes=("_a", "_b")).sort_values(keys).reset_index(drop=True)
 
 
 def ratio_replicates(u: pd.DataFrame, a: str, b: str, key: tuple, n_boot: int = bootstrap.N_BOOT):
-    """(point ratio of means a / b over their paired units, its two-level bootstrap replicates, the pairs)."""
+    """(point ratio of means a / b over their paired units, its two-level bootstrap replicates over cells and
+    prompts, the pairs; sorted by cell)."""
     p = _pair(u, a, b)
     if len(p) < bootstrap.MIN_UNITS:
         return float("nan"), np.full(n_boot, np.nan), p
-    _, sizes = np.unique(p["engine_start"].to_numpy(), return_counts=True)
+    sizes = p.groupby(CLUSTER, sort=True).size().to_numpy()
     W = bootstrap.cluster_weights(sizes, n_boot, bootstrap.rng("analysis.powered", *key, a, b))
     reps = bootstrap.ratio(W, p["rate_a"].to_numpy(float), p["rate_b"].to_numpy(float))
     return float(p["rate_a"].sum() / p["rate_b"].sum()), reps, p
 
 
-def compare(u: pd.DataFrame, dataset: str, batch_size: int, a: str, b: str, drift: float = 0.0,
+def compare(u: pd.DataFrame, dataset: str, batch_size: int, a: str, b: str, aa_ok: bool = True,
             n_boot: int = bootstrap.N_BOOT) -> dict:
     """One paired comparison a / b at (dataset, batch size): ratio, interval, what it rests on, whether it
-    is established against ``drift``."""
+    is established (``aa_ok``: the block's A/A check passed)."""
     cell = u[(u["dataset"] == dataset) & (u["batch_size"] == batch_size)]
     r, reps, p = ratio_replicates(cell, a, b, (dataset, int(batch_size)), n_boot)
-    lo, hi = bootstrap.interval(reps)
+    lo, hi = bootstrap.few_cluster_interval(r, reps, _n_cells(p))
     return {"dataset": dataset, "batch_size": int(batch_size), "arm": a, "reference": b, "ratio": r,
-            "ratio_lo": lo, "ratio_hi": hi, "n_prompts": int(p["prompt_index"].nunique()) if len(p) else 0,
-            "n_starts": int(p["engine_start"].nunique()) if len(p) else 0, "n_units": int(len(p)),
-            "output_tokens": int(p["output_tokens_a"].sum() + p["output_tokens_b"].sum()) if len(p) else 0,
-            "drift": float(drift), "established": bool(established(lo, hi, drift))}
+            "ratio_lo": lo, "ratio_hi": hi, **support(p), "aa_ok": bool(aa_ok),
+            "established": bool(established(lo, hi, aa_ok))}
 
 
-def established(lo: float, hi: float, drift: float) -> bool:
-    """The interval excludes 1 by more than the A/A drift of the same engines."""
-    return bool(np.isfinite(lo) and np.isfinite(hi) and (lo > 1 + drift or hi < 1 - drift))
+def _n_cells(p: pd.DataFrame) -> int:
+    return int(len(p.drop_duplicates(CLUSTER))) if len(p) else 0
+
+
+def support(p: pd.DataFrame) -> dict:
+    """What a comparison rests on (:data:`SUPPORT`): distinct prompts, engine starts, cells per arm, paired
+    units and output tokens of both arms."""
+    if not len(p):
+        return {"n_prompts": 0, "n_starts": 0, "n_cells": 0, "n_units": 0, "output_tokens": 0}
+    return {"n_prompts": int(p["prompt_index"].nunique()), "n_starts": int(p["engine_start"].nunique()),
+            "n_cells": _n_cells(p), "n_units": int(len(p)),
+            "output_tokens": int(p["output_tokens_a"].sum() + p["output_tokens_b"].sum())}
+
+
+def established(lo: float, hi: float, aa_ok: bool = True) -> bool:
+    """The interval excludes 1, and the block's A/A interval contains 1 (``aa_ok``)."""
+    return bool(aa_ok and np.isfinite(lo) and np.isfinite(hi) and (lo > 1 or hi < 1))
 
 
 def aa_table(u: pd.DataFrame, arms: pd.DataFrame, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
-    """Per (dataset, batch size, A/A twin): the twin over its arm (should be 1), its interval, the block's
-    ``drift`` and ``mde``."""
+    """Per (dataset, batch size, A/A twin): the twin over its arm (should be 1), its interval, the smallest and
+    largest ratio of a single cell pair, the block's ``drift`` and ``mde``."""
     rows = []
     for twin in arms[arms["aa_of"].notna()].itertuples():
         for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
             if not {twin.method_label, twin.aa_of} <= set(cell["method_label"]):
                 continue
             r, reps, p = ratio_replicates(cell, twin.method_label, twin.aa_of, (ds, int(bs)), n_boot)
-            lo, hi = bootstrap.interval(reps)
+            C = _n_cells(p)
+            lo, hi = bootstrap.few_cluster_interval(r, reps, C)
             logs = np.log(reps[np.isfinite(reps) & (reps > 0)])
-            sd = float(np.std(logs, ddof=1)) if logs.size > 1 else float("nan")
+            se = float(np.std(logs, ddof=1)) * np.sqrt(C / (C - 1)) if logs.size > 1 and C > 1 else float("nan")
+            q = bootstrap.t_quantile(1 - (1 - bootstrap.LEVEL) / 2, C - 1) + bootstrap.t_quantile(POWER, C - 1)
+            per_cell = cell_ratios(p)
             rows.append({"dataset": ds, "batch_size": int(bs), "arm": twin.method_label, "reference": twin.aa_of,
                          "ratio": r, "ratio_lo": lo, "ratio_hi": hi, "contains_1": bool(lo <= 1 <= hi),
+                         "cell_ratio_min": float(per_cell.min()) if len(per_cell) else float("nan"),
+                         "cell_ratio_max": float(per_cell.max()) if len(per_cell) else float("nan"),
                          "drift": float(max(abs(lo - 1), abs(hi - 1))) if np.isfinite(lo) else float("nan"),
-                         "mde": float(np.exp((Z_ALPHA + Z_POWER) * sd) - 1) if np.isfinite(sd) else float("nan"),
-                         "n_prompts": int(p["prompt_index"].nunique()), "n_starts": int(p["engine_start"].nunique()),
-                         "n_units": int(len(p)),
-                         "output_tokens": int(p["output_tokens_a"].sum() + p["output_tokens_b"].sum())})
+                         "mde": float(np.exp(q * se) - 1) if np.isfinite(se) else float("nan"), **support(p)})
     return pd.DataFrame(rows, columns=["dataset", "batch_size", "arm", "reference", "ratio", "ratio_lo", "ratio_hi",
-                                       "contains_1", "drift", "mde", *SUPPORT])
+                                       "contains_1", "cell_ratio_min", "cell_ratio_max", "drift", "mde", *SUPPORT])
 
 
-def _drift_of(aa: pd.DataFrame, ds: str, bs: int) -> float:
-    d = aa[(aa["dataset"] == ds) & (aa["batch_size"] == bs)]["drift"]
-    return float(d.max()) if len(d) and d.notna().any() else float("nan")
+def cell_ratios(p: pd.DataFrame) -> pd.Series:
+    """Per cell (engine start, repeat) of paired units ``p``: the ratio of means a / b over its prompts."""
+    if not len(p):
+        return pd.Series(dtype=float)
+    g = p.groupby(CLUSTER, sort=True)
+    return g["rate_a"].sum() / g["rate_b"].sum()
+
+
+def _aa_ok(aa: pd.DataFrame, ds: str, bs: int) -> bool:
+    """The block has an A/A pair and every one of its A/A intervals contains 1."""
+    c = aa[(aa["dataset"] == ds) & (aa["batch_size"] == bs)]["contains_1"]
+    return bool(len(c) and c.all())
 
 
 def speedup_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, baseline: str = "none",
@@ -148,7 +183,7 @@ def speedup_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, baselin
     fam = dict(zip(arms["method_label"], arms["family"]))
     for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
         for a in sorted(set(cell["method_label"]) - {baseline}):
-            row = compare(u, ds, int(bs), a, baseline, _drift_of(aa, ds, int(bs)), n_boot)
+            row = compare(u, ds, int(bs), a, baseline, _aa_ok(aa, ds, int(bs)), n_boot)
             rows.append({**row, "family": fam.get(a)})
     return pd.DataFrame(rows)
 
@@ -168,7 +203,7 @@ def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedu
             continue
         best = fixed.loc[fixed["ratio"].idxmax(), "arm"]
         for a in sp.loc[~sp["family"].isin(["fixed", "none"]) & ~sp["arm"].isin(twins), "arm"]:
-            row = compare(u, ds, int(bs), a, best, _drift_of(aa, ds, int(bs)), n_boot)
+            row = compare(u, ds, int(bs), a, best, _aa_ok(aa, ds, int(bs)), n_boot)
             rows.append({**row, "family": fam.get(a), "best_fixed": best})
     return pd.DataFrame(rows)
 

@@ -33,6 +33,12 @@ Schemes; each returns ``W`` (``n_boot`` x units): how often replicate ``b`` drew
   computed per drawn cluster (a throughput per repeat, averaged over the drawn repeats).
 
 :func:`interval` is the percentile interval (numpy's linear quantiles) of the finite replicates at ``level``.
+With few clusters (a handful of engine starts and repeats) a percentile interval of a cluster bootstrap is too
+narrow: with two clusters it is about the range of their two values. :func:`few_cluster_interval` is the
+interval to use then: the bootstrap's standard error on the log scale, scaled by ``sqrt(C / (C - 1))`` (the
+bootstrap variance of a mean of ``C`` clusters is ``(C - 1) / C`` of the usual estimate), with Student's t
+quantiles on ``C - 1`` degrees of freedom (Cameron and Miller 2015, "A practitioner's guide to cluster-robust
+inference", section VI: few clusters). :func:`t_quantile` is scipy's.
 
 Usage:
     from sdlib.core import bootstrap as B
@@ -210,6 +216,30 @@ def interval(reps: np.ndarray, level: float = LEVEL) -> tuple:
             warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column gives NaN
             lo, hi = np.nanquantile(np.where(finite, r, np.nan), q, axis=0)
     return lo, hi
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile (``scipy.stats.t.ppf``); NaN for ``df`` < 1."""
+    if not df >= 1:
+        return float("nan")
+    from scipy.stats import t  # scipy.stats takes ~0.4 s to import; only the few-cluster intervals need it
+
+    return float(t.ppf(p, df))
+
+
+def few_cluster_interval(point: float, reps: np.ndarray, n_clusters: int, level: float = LEVEL) -> tuple:
+    """Interval of a positive ratio ``point`` from its cluster-bootstrap replicates when there are few clusters:
+    ``point * exp(-/+ t_{C-1} * se)``, ``se`` = sd of the log replicates x ``sqrt(C / (C - 1))``. NaN with
+    fewer than two clusters or two finite replicates. A ratio that does not vary between clusters keeps a
+    zero-width interval, as the percentile one does."""
+    r = np.asarray(reps, dtype=float)
+    r = r[np.isfinite(r) & (r > 0)]
+    C = int(n_clusters)
+    if C < 2 or r.size < 2 or not (np.isfinite(point) and point > 0):
+        return float("nan"), float("nan")
+    se = float(np.std(np.log(r), ddof=1)) * np.sqrt(C / (C - 1))
+    half = t_quantile(1 - (1 - level) / 2, C - 1) * se
+    return float(point * np.exp(-half)), float(point * np.exp(half))
 
 
 def paired_ratio_interval(num: np.ndarray, den: np.ndarray, gen: np.random.Generator, n_boot: int = N_BOOT,

@@ -9,6 +9,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional, Sequence
 
 import numpy as np
@@ -233,31 +234,41 @@ def plot_graph_modes(cmp_: pd.DataFrame, title: str, datasets: Optional[Sequence
     return fig
 
 
-def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str):
-    """A powered sweep's comparisons (:mod:`sdlib.analysis.powered`), one panel per (dataset, batch size):
-    each policy over the best fixed arm (dot, 95% interval over prompts and engine starts; filled = established),
-    the A/A pair (grey diamond) and the band ``1 +- drift`` inside which no difference is called."""
+def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: int = 3):
+    """A powered sweep's comparisons (:mod:`sdlib.analysis.powered`), one panel per (dataset, batch size), three
+    to a row: each policy over the best fixed arm (dot, 95% interval over cells and prompts; filled =
+    established) and the A/A pair (diamond: grey when its interval contains 1, red when not, which leaves the
+    block's differences unestablished)."""
     blocks = list(headline[["dataset", "batch_size"]].drop_duplicates().itertuples(index=False, name=None))
-    fig, axes = new_figure(1, max(len(blocks), 1), width=4.6, height=4.6, sharey=True)
-    for ax, (ds, bs) in zip(axes[0], blocks):
+    n = max(len(blocks), 1)
+    ncols = min(ncols, n)
+    nrows = -(-n // ncols)
+    fig, axes = new_figure(nrows, ncols, width=4.2, height=3.8, sharey=True)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(blocks):]:
+        ax.set_visible(False)
+    for ax, (ds, bs) in zip(flat, blocks):
         h = headline[(headline["dataset"] == ds) & (headline["batch_size"] == bs)].reset_index(drop=True)
         a = aa[(aa["dataset"] == ds) & (aa["batch_size"] == bs)]
-        drift = float(a["drift"].max()) if len(a) else 0.0
-        ax.axhspan(1 - drift, 1 + drift, color="0.9", zorder=0, label="1 ± A/A drift")
         ax.axhline(1, color="grey", lw=0.8)
         labels = []
+        arms = [*h["arm"], *h["best_fixed"]]
+        prefix = os.path.commonprefix(arms)
+        prefix = prefix[:prefix.rfind("-") + 1] if len(arms) > 1 else ""
         for i, r in h.iterrows():
             ax.errorbar([i], [r.ratio], yerr=[[r.ratio - r.ratio_lo], [r.ratio_hi - r.ratio]], fmt="o", capsize=3,
                         color="C0", mfc="C0" if r.established else "white")
-            labels.append(r.arm)
+            labels.append(r.arm[len(prefix):])
         for j, r in enumerate(a.itertuples(), start=len(h)):
             ax.errorbar([j], [r.ratio], yerr=[[r.ratio - r.ratio_lo], [r.ratio_hi - r.ratio]], fmt="D", capsize=3,
-                        color="0.4")
+                        color="0.4" if r.contains_1 else "C3")
             labels.append("A/A")
         ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=7)
-        best = h["best_fixed"].iloc[0] if len(h) else ""
-        ax.set_title(f"{ds} · bs {bs} (over {best})", fontsize=9)
-    axes[0][0].set_ylabel("ratio of per-request decode rates")
+        best = h["best_fixed"].iloc[0][len(prefix):] if len(h) else ""
+        cells = int(h["n_cells"].min()) if len(h) and "n_cells" in h else 0
+        ax.set_title(f"{ds} · bs {bs}: over {best}\n{prefix}*, {cells} cells per arm", fontsize=8)
+    for row in axes:
+        row[0].set_ylabel("ratio of per-request decode rates")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

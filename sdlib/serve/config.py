@@ -32,8 +32,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from sdlib.config import (SERVING_ADDED_FIELDS, ConfigError, MethodConfig, ModelConfig, WorkloadConfig, _key_dict,
-                           _one_line, _slug, check_name,
+from sdlib.config import (SERVING_ADDED_FIELDS, WORKLOAD_SELECTIONS, ConfigError, MethodConfig, ModelConfig,
+                           WorkloadConfig, _key_dict, _one_line, _slug, check_name,
                           model_fingerprint)
 from sdlib.paths import DATA_DIR, resolve
 
@@ -71,7 +71,8 @@ _WORKLOAD_FIELDS_ADDED = {"name": None}
 def _mix_key(m: TaskMix) -> dict[str, Any]:
     d = dataclasses.asdict(m)
     d["workload"] = {k: v for k, v in d["workload"].items()
-                     if not (k in _WORKLOAD_FIELDS_ADDED and v == _WORKLOAD_FIELDS_ADDED[k])}
+                     if not (k in _WORKLOAD_FIELDS_ADDED and v == _WORKLOAD_FIELDS_ADDED[k])
+                     and k not in WORKLOAD_SELECTIONS}
     return d
 
 
