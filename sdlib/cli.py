@@ -23,7 +23,7 @@ import argparse
 import sys
 
 from sdlib.config import ConfigError
-from sdlib.run.commands import add_parsers as add_sweep_parsers
+from sdlib.commands.sweep import add_parsers as add_sweep_parsers
 
 DESCRIPTION = ("Measure speculative decoding inside vLLM at real batch sizes: run sweeps into tidy tables, "
                "make acceptance traces, train the embedded models.")
@@ -31,7 +31,7 @@ DESCRIPTION = ("Measure speculative decoding inside vLLM at real batch sizes: ru
 #: commands that hand the rest of the command line to a stage's own parser (its --help says more)
 DELEGATED = {
     "train": ("train, check and describe the embedded models (prepare, fit, check, cards)",
-              "sdlib.models.train.cli"),
+              "sdlib.commands.train"),
     "traces": ("write teacher-forced acceptance traces of our models (JSONL + provenance)", "sdlib.run.traces"),
     "confidences": ("EAGLE-3's top-1 probability of each draft along one of our traces (JSONL + provenance)",
                     "sdlib.run.confidences"),

