@@ -42,7 +42,7 @@ class ConfidencesCommand(Command):
         parser.add_argument("--out", required=True, help="output JSONL.gz (a provenance JSON is written beside it)")
 
     def run(self) -> int:
-        from sdlib.run.confidences import write_confidences  # torch: imported only when the command runs
+        from sdlib.run.confidences import write_confidences  # numpy (torch as it loads): only when the command runs
 
         try:  # the provenance records `sdlib confidences <these arguments>`
             info = write_confidences(self.traces, self.models, self.out, self.k,

@@ -65,6 +65,7 @@ class WorkerCommand(Command):
         parser.add_argument("spec")
 
     def run(self) -> int:
-        from sdlib.run.worker import main as worker_main  # vLLM: imported only in the engine process
+        # pydantic, pandas (vLLM once it starts the engine): imported only in the engine process
+        from sdlib.run.worker import main as worker_main
 
         return worker_main([self.spec])

@@ -25,7 +25,11 @@ from pathlib import Path
 from typing import Optional, Union
 
 from sdlib.commands.base import Command
-from sdlib.models.train.fit import FitConfig
+from sdlib.models.train.cards import cards_markdown
+from sdlib.models.train.check import check, check_one
+from sdlib.models.train.files import write_json
+from sdlib.models.train.fit import FitConfig, fit, plan_summary
+from sdlib.models.train.prepare import prepare
 from sdlib.models.train.presets import MODEL_COMPONENTS, PRESETS, SWEEP_SEED
 from sdlib.paths import SWEEPS_DIR, TRAINED_MODELS_DIR, resolve
 
@@ -126,8 +130,6 @@ class TrainPrepareCommand(Command):
                        help="the sweep's sampling seed: its first prompts are held out (default: %(default)s)")
 
     def run(self) -> int:
-        from sdlib.models.train.prepare import prepare  # numpy, the corpus packages: only when the step runs
-
         prepare(user_path(self.out), self.preset, self.seed, self.heldout_seed)
         return 0
 
@@ -207,8 +209,6 @@ class TrainFitCommand(Command):
         return cfg
 
     def run(self) -> int:
-        from sdlib.models.train.fit import fit, plan_summary  # torch: imported when the step runs (inside fit)
-
         data = user_path(self.data)
         if self.max_steps_from:
             try:
@@ -256,9 +256,6 @@ class TrainCheckCommand(Command):
         c.add_argument("--max-prompt-len", type=int, default=512)
 
     def run(self) -> int:
-        from sdlib.models.train.check import check  # the engines run in child processes (vLLM there)
-        from sdlib.models.train.files import write_json
-
         res = check(user_path(self.models), tuple(self.methods.split(",")), self.k, self.n, self.max_tokens,
                     data_dir=user_path(self.data) if self.data else None, max_prompt_len=self.max_prompt_len)
         for r in res:
@@ -298,8 +295,6 @@ class TrainCheckOneCommand(Command):
         o.add_argument("--max-prompt-len", type=int, default=512)
 
     def run(self) -> int:
-        from sdlib.models.train.check import check_one  # vLLM: imported only when the step runs
-
         for m in self.method.split(","):
             r = check_one(user_path(self.models), m, self.k, self.n, self.max_tokens,
                           user_path(self.data) if self.data else None, self.max_prompt_len)
@@ -327,8 +322,6 @@ class TrainCardsCommand(Command):
                                  "repository's data/sweeps/embedded_default)")
 
     def run(self) -> int:
-        from sdlib.models.train.cards import cards_markdown  # pandas (the sweep's tables): only when the step runs
-
         models = user_path(self.models) if self.models else TRAINED_MODELS_DIR
         sweep = (SWEEPS_DIR / "embedded_default" if self.sweep is None
                  else user_path(self.sweep) if self.sweep else None)
