@@ -19,94 +19,27 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import sys
+from typing import Optional
 
-from sdlib.config import ConfigError
-from sdlib.run.commands import add_parsers as add_sweep_parsers
+from sdlib.commands import SUBCOMMANDS
+from sdlib.commands.base import CommandParser, OneLineParser, UsageError, add_command
 
 DESCRIPTION = ("Measure speculative decoding inside vLLM at real batch sizes: run sweeps into tidy tables, "
                "make acceptance traces, train the embedded models.")
 
-#: commands that hand the rest of the command line to a stage's own parser (its --help says more)
-DELEGATED = {
-    "train": ("train, check and describe the embedded models (prepare, fit, check, cards)",
-              "sdlib.models.train.cli"),
-    "traces": ("write teacher-forced acceptance traces of our models (JSONL + provenance)", "sdlib.run.traces"),
-    "confidences": ("EAGLE-3's top-1 probability of each draft along one of our traces (JSONL + provenance)",
-                    "sdlib.run.confidences"),
-    "serve": ("serving sweep: vLLM's OpenAI server under open-loop traffic -> data/serving/<name>/",
-              "sdlib.serve.cli"),
-    "codeedit": ("print code-edit examples as JSON lines", "sdlib.workloads.codeedit"),
-    "selfcheck": ("time the phases of a tiny dummy-weight engine in this process (phase-timer self-check)",
-                  "sdlib.vllm.selfcheck"),
-    "rates": ("synthetic acceptance rates per draft position that reproduce the authors' traces",
-              "sdlib.sim.closed_form"),
-    "report": ("tok/s, speedup (95%% intervals) and acceptance length per cell of a sweep", "sdlib.run.report"),
-    "simulate": ("simulate per-step policies, baselines and oracle bounds on acceptance traces (CSV)",
-                 "sdlib.sim.policy.cli"),
-}
 
-
-def _models(args) -> int:
-    from sdlib.models.tinymodels import build_models
-    from sdlib.paths import MODELS_DIR
-
-    paths = build_models(MODELS_DIR, seed=args.seed, force=args.force)
-    for k, v in paths.items():
-        print(f"{k}: {v}")
-    return 0
-
-
-def _schema(args) -> int:
-    from sdlib.store.schema import readme_markdown
-
-    print(readme_markdown())
-    return 0
-
-
-def _worker(args) -> int:
-    from sdlib.run.worker import main as worker_main
-
-    return worker_main([args.spec])
-
-
-def _delegate(args) -> int:
-    import importlib
-
-    mod = importlib.import_module(DELEGATED[args.cmd][1])
-    rc = mod.main(args.rest, prog=f"sdlib {args.cmd}")
-    return int(rc or 0)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, with a bad command line answered in one line (exit 2), as a bad config is."""
-
-    def error(self, message: str):  # noqa: D401 - argparse's hook
-        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
+    """``sdlib``'s parser: one subparser per class of :data:`sdlib.commands.SUBCOMMANDS` (a parsed command line
+    carries its class as ``command``)."""
     from sdlib import __version__
 
     ap = OneLineParser(prog="sdlib", description=DESCRIPTION,
                        epilog="Each command has --help. Docs: README.md, docs/, data/README.md.")
     ap.add_argument("--version", action="version", version=f"sdlib {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="<command>")
-    add_sweep_parsers(sub)
-    m = sub.add_parser("models", help="build random-weight tiny models into .cache/models")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--force", action="store_true", help="rebuild even if present")
-    m.set_defaults(func=_models)
-    sc = sub.add_parser("schema", help="print every table's columns as Markdown (for data/README.md)")
-    sc.set_defaults(func=_schema)
-    for name, (help_, _) in DELEGATED.items():
-        d = sub.add_parser(name, help=help_, add_help=False, prefix_chars="\0")
-        d.add_argument("rest", nargs=argparse.REMAINDER)
-        d.set_defaults(func=_delegate)
-    w = sub.add_parser("worker")  # the engine process a sweep starts (not listed in --help)
-    w.add_argument("spec")
-    w.set_defaults(func=_worker)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="<command>", parser_class=CommandParser)
+    for command in SUBCOMMANDS:
+        add_command(sub, command)
     return ap
 
 
@@ -120,11 +53,17 @@ def os_error_line(err: OSError) -> str:
     return f"{err.filename}: {why}" if err.filename else why
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.command_line = ["sdlib", *argv]  # the command as typed, for the provenance some commands record
+    command = args.command.from_cli_args(args)
+    # pydantic and the policy registry (pandas): imported once a command runs, so that `import sdlib.cli` stays light
+    from sdlib.config import ConfigError
+
     try:
-        return args.func(args)
-    except ConfigError as err:
+        return command.run()
+    except (ConfigError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM outside a sweep (a sweep says what it kept itself)

@@ -180,21 +180,21 @@ def test_calibration_map_is_monotone_and_recovers_the_rate():
 
 
 def test_missing_confidences_are_one_line_errors(inp, tmp_path, capsys):
-    from sdlib.sim.policy.cli import main
+    from sdlib.cli import main
     from sdlib.sim.policy.confidence import attach_confidences
 
     with pytest.raises(ValueError, match="have no draft confidences, e.g."):
         attach_confidences(inp, {})
     out = str(tmp_path / "t.csv")
-    assert main(["--traces", str(resolve(TRACE)), "--policies", "online-confidence", "--out", out]) == 2
+    assert main(["simulate", "--traces", str(resolve(TRACE)), "--policies", "online-confidence", "--out", out]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: --confidences:")
     other = str(resolve("data/traces/confidences/embedded_code_edit.jsonl.gz"))  # another dataset's requests
-    assert main(["--traces", str(resolve(TRACE)), "--confidences", other, "--policies", "online-confidence",
+    assert main(["simulate", "--traces", str(resolve(TRACE)), "--confidences", other, "--policies", "online-confidence",
                  "--out", out]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: --confidences:") and "not a --traces file" in err, err
-    assert main(["--traces", str(resolve(TRACE)), "--confidences", str(tmp_path / "none*.gz"), "--policies",
+    assert main(["simulate", "--traces", str(resolve(TRACE)), "--confidences", str(tmp_path / "none*.gz"), "--policies",
                  "online-confidence", "--out", out]) == 2
     assert "no file matches" in capsys.readouterr().err
     # confidences made from another version of the trace, or scoring fewer drafts than the trace: refused
@@ -209,8 +209,8 @@ def test_missing_confidences_are_one_line_errors(inp, tmp_path, capsys):
         shutil.copy(resolve(CONF), f)
         prov = json.loads(provenance_path(resolve(CONF)).read_text())
         provenance_path(f).write_text(json.dumps({**prov, **change}))
-        assert main(["--traces", str(resolve(TRACE)), "--confidences", str(f), "--policies", "online-confidence",
-                     "--out", out]) == 2
+        assert main(["simulate", "--traces", str(resolve(TRACE)), "--confidences", str(f), "--policies",
+                     "online-confidence", "--out", out]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and err.startswith("error: --confidences:") and says in err, err
 
@@ -218,10 +218,10 @@ def test_missing_confidences_are_one_line_errors(inp, tmp_path, capsys):
 def test_simulate_runs_the_confidence_policies(tmp_path):
     import pandas as pd
 
-    from sdlib.sim.policy.cli import main
+    from sdlib.cli import main
 
     out = tmp_path / "t.csv"
-    assert main(["--traces", str(resolve(TRACE)), "--confidences", str(resolve(CONF)), "--policies",
+    assert main(["simulate", "--traces", str(resolve(TRACE)), "--confidences", str(resolve(CONF)), "--policies",
                  "fixed-eagle3-k3,oracle-eagle3,online-confidence,online-confidence-raw", "--batch-sizes", "1,32",
                  "--out", str(out)]) == 0
     t = pd.read_csv(out)

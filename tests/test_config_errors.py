@@ -238,7 +238,7 @@ def test_bad_command_line_fails_fast_in_one_line(folder, no_engine, capsys, argv
     t0 = time.perf_counter()
     try:
         rc = cli.main(["sweep", str(p), *argv])
-    except SystemExit as e:  # argparse exits (one line: sdlib.cli.OneLineParser)
+    except SystemExit as e:  # argparse exits (one line: sdlib.commands.base.OneLineParser)
         rc = e.code
     took = time.perf_counter() - t0
     err = capsys.readouterr().err.strip()

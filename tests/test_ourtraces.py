@@ -264,7 +264,7 @@ def test_write_read_round_trip(tmp_path):
 
 def test_cli_from_sweep_ngram_only(tmp_path):
     """The CLI end to end without an engine: greedy outputs from a sweep folder, n-gram traces only."""
-    from sdlib.run.traces import main
+    from sdlib.cli import main
     from sdlib.store.schema import columns
     from sdlib.store import write_parquet_atomic
 
@@ -284,7 +284,7 @@ def test_cli_from_sweep_ngram_only(tmp_path):
     write_parquet_atomic(conform("runs", runs), sweep / "runs" / "x.parquet")
     write_parquet_atomic(conform("requests", req), sweep / "requests" / "x.parquet")
     out = tmp_path / "traces" / "t.jsonl.gz"
-    assert main(["--from-sweep", str(sweep), "--dataset", "code_edit", "--methods", "ngram", "--k", "4",
+    assert main(["traces", "--from-sweep", str(sweep), "--dataset", "code_edit", "--methods", "ngram", "--k", "4",
                  "--ngram-min", "2", "--ngram-max", "3", "--out", str(out)]) == 0
     back = read_traces(out, "code_edit")
     assert back.method.tolist() == ["ngram", "ngram"]

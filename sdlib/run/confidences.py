@@ -25,7 +25,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -173,26 +172,3 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
             "argv": ["sdlib", "confidences", *(argv if argv is not None else sys.argv[1:])]}
     write_json(provenance_path(dst), info)
     return info
-
-
-def main(argv: Optional[list[str]] = None, prog: str = "sdlib confidences") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", required=True, help="one of our trace files (data/traces/*.jsonl.gz)")
-    ap.add_argument("--models", default="data/models", help="folder with target/ and eagle3/ (default data/models)")
-    ap.add_argument("--k", type=int, help="drafts per position (default: the trace's k)")
-    ap.add_argument("--out", required=True, help="output JSONL.gz (a provenance JSON is written beside it)")
-    a = ap.parse_args(argv)
-    try:
-        info = write_confidences(a.traces, a.models, a.out, a.k,
-                                 argv=list(argv) if argv is not None else sys.argv[1:])
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    ag = info["agreement_with_trace_acc_eagle"]
-    print(f"{a.out}: k={info['k']}, {ag['equal']}/{ag['positions']} positions agree with the trace's "
-          f"acc_eagle; {info['seconds']} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

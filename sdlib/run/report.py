@@ -8,14 +8,10 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 from typing import Optional
 
 import pandas as pd
-
-from sdlib.config import ConfigError
 
 COLUMNS = ["model", "dataset", "method_label", "batch_size", "tok_per_s", "tok_per_s_lo", "tok_per_s_hi",
            "speedup", "speedup_lo", "speedup_hi", "mean_acceptance_length", "acceptance_source", "concurrency_mean",
@@ -78,43 +74,3 @@ def format_report(t: pd.DataFrame) -> str:
 def print_report(store, run_ids: Optional[list[str]] = None, cells: Optional[set[str]] = None) -> None:
     """The summary at the end of a sweep (the cells it ran, ``cells``: its config's), on stderr."""
     print(format_report(report_table(store, run_ids, cells=cells)), file=sys.stderr)
-
-
-def main(argv=None, prog: str = "sdlib report") -> int:
-    """``sdlib report CONFIG_OR_DIR [--csv | --json]``: reads a sweep's tables, prints the table (stdout)."""
-    from sdlib.config import load_sweep
-    from sdlib.store import SweepStore
-
-    ap = argparse.ArgumentParser(prog=prog, description="tok/s and speedup with 95% intervals and the mean "
-                                 "acceptance length per cell of a sweep (reads its tables; writes nothing).")
-    ap.add_argument("target", help="a sweep YAML, or a sweep's results folder")
-    ap.add_argument("--results-dir", help="with a YAML: the results folder it was run with")
-    fmt = ap.add_mutually_exclusive_group()
-    fmt.add_argument("--csv", action="store_true", help="CSV on stdout")
-    fmt.add_argument("--json", action="store_true", help="JSON records on stdout")
-    a = ap.parse_args(argv)
-    target = Path(a.target).expanduser().resolve()
-    cells = None
-    if target.is_dir():
-        folder = target
-    elif target.is_file():
-        overrides = {"results_dir": str(Path(a.results_dir).expanduser().resolve())} if a.results_dir else None
-        sweep = load_sweep(target, overrides)
-        folder = sweep.out_dir
-        cells = {c.run_id for c in sweep.cells()}  # exactly this config's cells, whatever ran last in the folder
-    else:
-        raise ConfigError(f"report: {a.target} is neither a sweep config nor a results folder")
-    if not (folder / "runs").is_dir():
-        raise ConfigError(f"report: {folder} has no runs table (has the sweep run?)")
-    store = SweepStore(folder)
-    t = report_table(store, cells=cells)
-    if a.csv:
-        t.to_csv(sys.stdout, index=False)
-    elif a.json:
-        print(t.to_json(orient="records", indent=1))
-    elif t.empty and cells is not None:
-        done = len(store.done_ids() & cells)
-        print(f"no finished cells of {a.target} in {folder} ({done} of {len(cells)} done; sdlib status {a.target})")
-    else:
-        print(format_report(t))
-    return 0

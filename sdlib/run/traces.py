@@ -63,10 +63,8 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -78,7 +76,7 @@ import pandas as pd
 from sdlib.core.registry import METHODS as METHOD_SPECS
 from sdlib.extract.ngram import DEFAULT_K, NGRAM_MAX, NGRAM_MIN, ngram_acc_len
 from sdlib.paths import MODELS_DIR, repo_relative, resolve
-from sdlib.sim.traces import TRACE_COLUMNS, mean_acc_len, write_traces
+from sdlib.sim.traces import TRACE_COLUMNS, mean_acc_len
 from sdlib.store import read_table
 from sdlib.vllm.engine import (EngineSettings, FirstVerify, close_engine, delta_greedy_params, first_verify_steps,
                                greedy_outputs, make_engine)
@@ -346,53 +344,3 @@ def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit",
     df = pd.DataFrame(rows, columns=OUT_COLUMNS)
     info["mean_acc_len"] = mean_acc_len(df).to_dict()
     return TraceRun(df, info)
-
-
-# =========================================================================== CLI
-def main(argv: Optional[list[str]] = None, prog: str = "sdlib traces") -> int:
-    """``sdlib traces``: write one trace file (and its provenance) for one dataset."""
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=str(MODELS_DIR),
-                    help="folder with target/ and the drafters (default: %(default)s)")
-    ap.add_argument("--dataset", default="code_edit", help="workload name (sdlib.config.DATASETS)")
-    ap.add_argument("--num-requests", type=int, default=32)
-    ap.add_argument("--max-output-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=DEFAULT_K, help="num_speculative_tokens for every method (authors: 20)")
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of %(default)s")
-    ap.add_argument("--ngram-min", type=int, default=NGRAM_MIN)
-    ap.add_argument("--ngram-max", type=int, default=NGRAM_MAX)
-    ap.add_argument("--seed", type=int, default=42, help="prompt sampling seed")
-    ap.add_argument("--source", default="auto", help="workload source: auto, local, package, hub")
-    ap.add_argument("--max-prompt-tokens", type=int, default=None)
-    ap.add_argument("--ignore-eos", action="store_true", help="greedy outputs run to max-output-tokens")
-    ap.add_argument("--from-sweep", default=None, help="take greedy outputs from this sweep folder (no-SD, bs 1)")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--prefix-caching", action="store_true",
-                    help="faster, but changes draft-model proposals on vLLM 0.32 CPU (see EngineSettings)")
-    ap.add_argument("--no-retry", action="store_true", help="do not re-run mismatched positions")
-    ap.add_argument("--out", required=True, help="output .jsonl or .jsonl.gz (provenance JSON written beside it)")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    s = EngineSettings(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                       enable_prefix_caching=args.prefix_caching)
-    greedy = None
-    if args.from_sweep:
-        greedy = greedy_from_sweep(args.from_sweep, dataset=args.dataset)[: args.num_requests]
-    run = make_traces(args.models, args.dataset, args.num_requests, args.max_output_tokens, args.k,
-                      [m.strip() for m in args.methods.split(",") if m.strip()], args.ngram_min, args.ngram_max,
-                      s, greedy=greedy, seed=args.seed, source=args.source, max_prompt_tokens=args.max_prompt_tokens,
-                      ignore_eos=args.ignore_eos, retry_batch=None if args.no_retry else 16,
-                      greedy_source=f"sweep:{repo_relative(resolve(args.from_sweep))}" if args.from_sweep else "given")
-    path = write_traces(run.traces, args.out, {**run.info, "argv": sys.argv})
-    print(f"wrote {path} ({run.info['num_requests']} requests, {run.info['output_tokens']} output tokens)")
-    for m, v in run.info["mean_acc_len"].items():
-        st = run.info["model_stats"].get(m)
-        extra = (f"; {st['positions']} positions, mismatches prefill {st['mismatch_prefill']} / verify "
-                 f"{st['mismatch_verify']}, unresolved {st['unresolved']}") if st else ""
-        print(f"  {m:12s} mean acc_len {v:.3f}  ({run.info['timings_s'].get(m, float('nan')):.1f} s{extra})")
-    print("  timings (s): " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["timings_s"].items())
-          + "; engine start: " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["engine_start_s"].items()))
-    return 0
-

@@ -123,24 +123,3 @@ def per_position_rates(prep: PreparedTraces, method: str, k: int) -> list[float]
     if acc.size == 0:
         raise ValueError(f"no {method} steps in these traces")
     return [float(np.mean(acc - 1 >= i)) for i in range(1, k + 1)]
-
-
-def main(argv=None, prog: str = "sdlib rates") -> int:
-    """``sdlib rates``: print the synthetic acceptance rates (YAML) that reproduce a trace set on average."""
-    import argparse
-    import json
-
-    from sdlib.sim.prepared import prepare_traces
-    from sdlib.sim.traces import load_reference_traces
-
-    ap = argparse.ArgumentParser(prog=prog, description="Per-position synthetic acceptance rates from the "
-                                 "authors' traces, for vLLM's synthetic_acceptance_rates (a config's options).")
-    ap.add_argument("--datasets", default="sharegpt,gsm8k", help="reference datasets, comma-separated")
-    ap.add_argument("--method", default="eagle3", choices=["eagle3", "ngram"])
-    ap.add_argument("--k", type=int, default=3)
-    a = ap.parse_args(argv)
-    prep = prepare_traces(load_reference_traces([d.strip() for d in a.datasets.split(",") if d.strip()]))
-    rates = per_position_rates(prep, a.method, a.k)
-    print(json.dumps({"synthetic_acceptance_rates": [round(r, 4) for r in rates],
-                      "source": f"authors' Llama-3.1-8B traces ({a.datasets}), {a.method}, k={a.k}"}))
-    return 0

@@ -74,18 +74,3 @@ def self_check(method: str = "draft_model", k: int = 3, num_prompts: int = 4, ma
     return {"rows": timers.collect(), "describe": timers.describe(),
             "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
             "device": torch.cuda.get_device_name(0) if gpu else "cpu"}
-
-
-def main(argv: Optional[list[str]] = None, prog: str = "sdlib selfcheck") -> int:
-    """``sdlib selfcheck [--method M] [--eager]``: print a ``RESULT {json}`` line."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog=prog, description="Self-check of the phase timers on a tiny dummy-weight engine.")
-    ap.add_argument("--method", default="draft_model", help="none, ngram, draft_model, eagle, eagle3")
-    ap.add_argument("--eager", action="store_true", help="enforce_eager (no CUDA graphs)")
-    ap.add_argument("--remote", action="store_true",
-                    help="timers inside the engine's worker processes (collective_rpc), as with tensor parallel")
-    a = ap.parse_args(argv)
-    res = self_check(a.method, enforce_eager=True if a.eager else None, remote=a.remote)
-    print("RESULT " + json.dumps(res), flush=True)
-    return 0

@@ -30,7 +30,6 @@ import ast
 import builtins
 import functools
 import itertools
-import json
 import keyword
 import os
 import random
@@ -478,17 +477,3 @@ def generate_code_edits(n: int, seed: int = 0, kinds: tuple[str, ...] = EDIT_KIN
     if n < 0:
         raise ValueError("n must be >= 0")
     return list(itertools.islice(iter_code_edits(seed, kinds, edits_per_function), n))
-
-
-def main(argv: Optional[list[str]] = None, prog: str = "sdlib codeedit") -> int:
-    """``sdlib codeedit N``: print N code-edit examples as JSON lines."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog=prog, description="Print code-edit examples as JSON lines.")
-    ap.add_argument("n", type=int)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--edits-per-function", type=int, default=1)
-    args = ap.parse_args(argv)
-    for ex in generate_code_edits(args.n, args.seed, edits_per_function=args.edits_per_function):
-        print(json.dumps(ex))
-    return 0

@@ -1,4 +1,4 @@
-"""Training the embedded tiny models (``sdlib train``; see :mod:`sdlib.models.train.cli`).
+"""Training the embedded tiny models (``sdlib train``; see :mod:`sdlib.commands.train`).
 
 Modules, in the order data flows: ``presets`` (components, sizes, corpus plan),
 ``corpus`` + ``prepare`` (the tokenized corpus and held-out split), ``data``

@@ -1,0 +1,111 @@
+"""``sdlib traces``: teacher-forced acceptance traces of our models, one trace file (and its provenance) for one
+dataset (the library: :mod:`sdlib.run.traces`).
+
+Usage:
+    sdlib traces --models .cache/models --dataset code_edit --num-requests 32 \\
+        --max-output-tokens 64 --k 8 --out data/traces/embedded_code_edit.jsonl.gz
+    sdlib traces --from-sweep data/sweeps/<name> --dataset code_edit --out ...  # reuse greedy outputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+from sdlib.commands.base import Command
+from sdlib.core.registry import NGRAM_MAX, NGRAM_MIN
+from sdlib.paths import MODELS_DIR
+
+
+@dataclass
+class TracesCommand(Command):
+    """``sdlib traces --out FILE``: write one trace file (and its provenance) for one dataset."""
+
+    parser_name = "traces"
+    parser_help = "write teacher-forced acceptance traces of our models (JSONL + provenance)"
+
+    out: str
+    models: str = str(MODELS_DIR)
+    dataset: str = "code_edit"
+    num_requests: int = 32
+    max_output_tokens: int = 64
+    k: Optional[int] = None  # None: sdlib.extract.ngram.DEFAULT_K
+    methods: Optional[str] = None  # None: every method of sdlib.run.traces.METHODS
+    ngram_min: int = NGRAM_MIN
+    ngram_max: int = NGRAM_MAX
+    seed: int = 42
+    source: str = "auto"
+    max_prompt_tokens: Optional[int] = None
+    ignore_eos: bool = False
+    from_sweep: Optional[str] = None
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    prefix_caching: bool = False
+    no_retry: bool = False
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        # the trace producer (pandas, sdlib.vllm): its methods and description, imported when this parser is built
+        from sdlib.run import traces as stage
+
+        parser.description = stage.__doc__.split("\n\n")[0]
+        ap = parser
+        ap.add_argument("--models", default=str(MODELS_DIR),
+                        help="folder with target/ and the drafters (default: %(default)s)")
+        ap.add_argument("--dataset", default="code_edit", help="workload name (sdlib.config.DATASETS)")
+        ap.add_argument("--num-requests", type=int, default=32)
+        ap.add_argument("--max-output-tokens", type=int, default=64)
+        ap.add_argument("--k", type=int, help="num_speculative_tokens for every method (authors: 20)")
+        ap.add_argument("--methods", help=f"comma-separated subset of {','.join(stage.METHODS)}")
+        ap.add_argument("--ngram-min", type=int, default=NGRAM_MIN)
+        ap.add_argument("--ngram-max", type=int, default=NGRAM_MAX)
+        ap.add_argument("--seed", type=int, default=42, help="prompt sampling seed")
+        ap.add_argument("--source", default="auto", help="workload source: auto, local, package, hub")
+        ap.add_argument("--max-prompt-tokens", type=int, default=None)
+        ap.add_argument("--ignore-eos", action="store_true", help="greedy outputs run to max-output-tokens")
+        ap.add_argument("--from-sweep", default=None, help="take greedy outputs from this sweep folder (no-SD, bs 1)")
+        ap.add_argument("--dtype", default="float32")
+        ap.add_argument("--max-model-len", type=int, default=2048)
+        ap.add_argument("--max-num-seqs", type=int, default=256)
+        ap.add_argument("--prefix-caching", action="store_true",
+                        help="faster, but changes draft-model proposals on vLLM 0.32 CPU (see EngineSettings)")
+        ap.add_argument("--no-retry", action="store_true", help="do not re-run mismatched positions")
+        ap.add_argument("--out", required=True, help="output .jsonl or .jsonl.gz (provenance JSON written beside it)")
+
+    def run(self) -> int:
+        # the trace producer (pandas; vLLM when its engines start): imported only when the command runs
+        from sdlib.extract.ngram import DEFAULT_K
+        from sdlib.paths import repo_relative, resolve
+        from sdlib.run.traces import METHODS, greedy_from_sweep, make_traces
+        from sdlib.sim.traces import write_traces
+        from sdlib.vllm.engine import EngineSettings
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        s = EngineSettings(dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                           enable_prefix_caching=self.prefix_caching)
+        greedy = None
+        if self.from_sweep:
+            greedy = greedy_from_sweep(self.from_sweep, dataset=self.dataset)[: self.num_requests]
+        methods = ",".join(METHODS) if self.methods is None else self.methods
+        run = make_traces(self.models, self.dataset, self.num_requests, self.max_output_tokens,
+                          DEFAULT_K if self.k is None else self.k,
+                          [m.strip() for m in methods.split(",") if m.strip()], self.ngram_min, self.ngram_max,
+                          s, greedy=greedy, seed=self.seed, source=self.source,
+                          max_prompt_tokens=self.max_prompt_tokens, ignore_eos=self.ignore_eos,
+                          retry_batch=None if self.no_retry else 16,
+                          greedy_source=f"sweep:{repo_relative(resolve(self.from_sweep))}" if self.from_sweep
+                          else "given")
+        path = write_traces(run.traces, self.out, {**run.info, "argv": sys.argv})
+        print(f"wrote {path} ({run.info['num_requests']} requests, {run.info['output_tokens']} output tokens)")
+        for m, v in run.info["mean_acc_len"].items():
+            st = run.info["model_stats"].get(m)
+            extra = (f"; {st['positions']} positions, mismatches prefill {st['mismatch_prefill']} / verify "
+                     f"{st['mismatch_verify']}, unresolved {st['unresolved']}") if st else ""
+            print(f"  {m:12s} mean acc_len {v:.3f}  ({run.info['timings_s'].get(m, float('nan')):.1f} s{extra})")
+        print("  timings (s): " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["timings_s"].items())
+              + "; engine start: " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["engine_start_s"].items()))
+        return 0
