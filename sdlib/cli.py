@@ -19,9 +19,12 @@ Usage:
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from typing import Optional
 
+from sdlib import __version__
 from sdlib.commands import SUBCOMMANDS
 from sdlib.commands.base import CommandParser, OneLineParser, UsageError, add_command
 
@@ -32,7 +35,6 @@ DESCRIPTION = ("Measure speculative decoding inside vLLM at real batch sizes: ru
 def build_parser() -> OneLineParser:
     """``sdlib``'s parser: one subparser per class of :data:`sdlib.commands.SUBCOMMANDS` (a parsed command line
     carries its class as ``command``)."""
-    from sdlib import __version__
 
     ap = OneLineParser(prog="sdlib", description=DESCRIPTION,
                        epilog="Each command has --help. Docs: README.md, docs/, data/README.md.")
@@ -46,7 +48,6 @@ def build_parser() -> OneLineParser:
 def os_error_line(err: OSError) -> str:
     """``<file>: <why>`` for an OSError (what the user can act on), e.g. ``out/x.parquet: No space left on
     device (ENOSPC)``."""
-    import errno
 
     name = errno.errorcode.get(err.errno or 0)
     why = f"{err.strerror or err}{f' ({name})' if name else ''}"
@@ -70,8 +71,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader (e.g. `| head`) went away: stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as err:  # a full disk, a read-only folder, ...: one line naming the file, not a traceback

@@ -21,13 +21,30 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.dataclasses import dataclass
 
 import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)
-from sdlib.core.registry import METHODS as METHOD_SPECS, POLICIES as POLICY_SPECS, RegistryError, engine_label, method_spec, replay_names, replay_ref
-from sdlib.paths import SWEEPS_DIR, repo_relative, resolve, results_base
+from sdlib.core.registry import METHODS as METHOD_SPECS
+from sdlib.core.registry import POLICIES as POLICY_SPECS
+from sdlib.core.registry import (
+    RegistryError,
+    engine_label,
+    method_spec,
+    replay_names,
+    replay_ref,
+)
+from sdlib.models.shapes import shape_files
+from sdlib.paths import SWEEPS_DIR, hub_repo_cache, repo_relative, resolve, results_base
 from sdlib.sim import replay as sim_replay
 
 #: SD methods (:data:`sdlib.core.registry.METHODS`); ``custom`` = a user proposer class (``model:
@@ -73,6 +90,18 @@ def _folder_fingerprint(path: str, mtime_key: float) -> str:
     return h.hexdigest()[:12]
 
 
+def _files_fingerprint(files: dict[str, str]) -> str:
+    """:func:`_folder_fingerprint` of a folder that would hold exactly ``files`` (json name -> text), computed
+    without the folder."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        data = files[name].encode()
+        h.update(name.encode())
+        h.update(data[:1 << 20])
+        h.update(str(len(data)).encode())
+    return h.hexdigest()[:12]
+
+
 def _file_fingerprint(path: str) -> Optional[str]:
     """sha256[:12] of a file's bytes (cached while its mtime and size stay), None if it is missing."""
     try:
@@ -91,7 +120,6 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:  # noqa: ARG001 - 
 def hub_revision(repo_id: str) -> Optional[str]:
     """The commit the local Hugging Face cache resolved ``repo_id``'s main branch to (``refs/main``), or None
     if it was never fetched here. Reads the cache only (no network)."""
-    from sdlib.paths import hub_repo_cache
 
     ref = hub_repo_cache(repo_id) / "refs" / "main"
     try:
@@ -108,10 +136,11 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
     revision is known); None for missing folders and hub ids never fetched here."""
     if not path:
         return None
-    if path.startswith("@shapes/"):  # config-only shapes: written on demand, so every machine agrees
-        from sdlib.models.shapes import write_shape
-
-        write_shape(path[len("@shapes/"):])
+    if path.startswith("@shapes/"):  # config-only shapes: their files' hash, so every machine agrees
+        try:
+            return _files_fingerprint(shape_files(path[len("@shapes/"):]))
+        except KeyError:
+            return None  # not a shape: validation names it
     p = resolve(path)
     if not p.is_dir():
         if path.startswith(("@", ".", "/", "~")) or path.count("/") != 1:

@@ -152,7 +152,7 @@ def _serving_rule(f: str) -> str:
 def _confidence_rule(f: str) -> str:
     """data/traces/confidences/<stem>.jsonl.gz + .provenance.json <- `make confidences` (sdlib confidences
     --out <file>), from the trace file as it is now (its sha256)."""
-    from sdlib.models.train.files import sha256
+    from sdlib.store.files import sha256_file as sha256
 
     stem = re.sub(r"\.(jsonl\.gz|provenance\.json)$", "", f)
     prov_path = REPO_ROOT / f"{stem}.provenance.json"

@@ -1,4 +1,4 @@
-"""Notebook 05's tables and figures (sdlib.sim.bounds, sdlib.analysis.measures.crossover_table,
+"""Notebook 05's tables and figures (sdlib.sim.bounds, sdlib.core.crossover.crossover_table,
 sdlib.plots.bounds) on small tables whose answers are worked out by hand."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from sdlib.analysis.measures import crossover_table
+from sdlib.core.crossover import crossover_table
 from sdlib.plots import bounds as BP
 from sdlib.sim import bounds as BND
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel

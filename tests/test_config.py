@@ -282,3 +282,19 @@ def test_a_workloads_batch_sizes_select_cells_and_keep_their_ids():
     assert {c.batch_size for c in sel if c.workload.label == "gsm8k"} == {32, 128}
     with pytest.raises(ConfigError, match=r"workloads.instructcoder.batch_sizes: \[8\]"):
         parse_sweep(dict(base, workloads=[{**base["workloads"][0], "batch_sizes": [8]}]))
+
+
+def test_run_ids_of_shape_models_are_computed_without_writing_files(tmp_path, monkeypatch):
+    """A cell's run id hashes a shape's files as they would be written, and writes nothing (the race of f7bdbf8);
+    the hash equals that of the folder written for an engine."""
+    import sdlib.config as C
+    from sdlib.models import shapes
+
+    monkeypatch.setattr(shapes, "SHAPES_DIR", tmp_path / "shapes")
+    written = []
+    monkeypatch.setattr(shapes, "write_shape", lambda *a, **k: written.append(a))
+    ids = [c.run_id for c in load_sweep(CONFIGS_DIR / "h200_powered_ngram.yaml").cells()]
+    assert ids and not written and not (tmp_path / "shapes").exists()
+    monkeypatch.undo()
+    d = shapes.write_shape("llama-3.1-8b", tmp_path / "written")
+    assert C._folder_fingerprint(str(d), 0.0) == C.model_fingerprint("@shapes/llama-3.1-8b")

@@ -24,6 +24,8 @@ Usage:
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -62,7 +64,6 @@ def bleu4(reference: Any, hypothesis: Any, tokenizer: Any = None, smoothing: Opt
     if not hyp or not ref:
         return 0.0
     sf = getattr(SmoothingFunction(), smoothing) if smoothing else SmoothingFunction().method0
-    import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nltk warns on zero counts without smoothing
@@ -282,7 +283,6 @@ def acceptance_bins(per_request: pd.DataFrame) -> pd.DataFrame:
 
 def _not_meaningful(sweep_dir: Path) -> str:
     """Why a sweep's acceptance cannot be related to BLEU ('' if it can): synthetic or random."""
-    import json
 
     p = Path(sweep_dir) / "provenance.json"
     if not p.exists():
@@ -308,6 +308,7 @@ def measured_bleu_runs(sweep_dirs, prompt_ids: Optional[Callable[[pd.DataFrame],
     (output tokens / latency), prompt_tokens, output_tokens, bleu4, bleu4_no_bp ; a sentence saying what
     was found or why nothing).
     """
+    # deferred: sdlib.store loads pandas, and only this path needs it
     from sdlib.store import read_table
 
     cols = ["sweep", "dataset", "request_id", "label", "method", "batch_size", "sd_tok_per_s", "prompt_tokens",
@@ -336,7 +337,6 @@ def measured_bleu_runs(sweep_dirs, prompt_ids: Optional[Callable[[pd.DataFrame],
         else:
             why.append(f"{s.name}: requests carry no prompt token ids")
             continue
-        import json
 
         out_ids = req["output_token_ids"].map(lambda x: json.loads(x) if isinstance(x, str) else list(x))
         pids = pids.map(lambda x: json.loads(x) if isinstance(x, str) else list(x))

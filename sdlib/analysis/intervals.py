@@ -41,9 +41,15 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.analysis.measures import KEYS, speedup_table, throughput_table
+from sdlib.analysis.measures import (
+    KEYS,
+    acceptance_by_method,
+    speedup_table,
+    throughput_table,
+)
 from sdlib.core import bootstrap
 from sdlib.core.bootstrap import LEVEL, MIN_UNITS, N_BOOT, n_blocks
+from sdlib.core.crossover import crossover_table
 
 #: What a cell's units are, by batch mode (for tables and titles).
 UNIT_NAMES = {"closed_loop": "blocks of steady-window steps", "paper": "batches (prompts)"}
@@ -246,6 +252,7 @@ def sweep_intervals(sweep_dir: str | Path, n_boot: int = N_BOOT, level: float = 
                     runs: Optional[pd.DataFrame] = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(throughput, speedup) tables with intervals for one sweep folder (reads ``runs``, and
     ``engine_steps`` for closed-loop cells or ``requests`` for paper-mode cells)."""
+    # deferred: sdlib.store loads pandas, and only this path needs it
     from sdlib.store import read_table
 
     runs = read_table(sweep_dir, "runs") if runs is None else runs
@@ -350,11 +357,9 @@ def comparison_sentences(cmp_: pd.DataFrame, group: Sequence[str] = ("dataset", 
 
 
 def established_crossover(sp: pd.DataFrame, by: Sequence[str] = ("model", "dataset", "method_label")) -> pd.DataFrame:
-    """:func:`sdlib.analysis.measures.crossover_table` plus, from the intervals, per group: the largest
+    """:func:`sdlib.core.crossover.crossover_table` plus, from the intervals, per group: the largest
     batch size whose speedup interval lies above 1 (``last_established_gain_batch_size``) and the
     smallest whose interval lies below 1 (``first_established_loss_batch_size``); NA where none does."""
-    from sdlib.analysis.measures import crossover_table
-
     cross = crossover_table(sp, by=by)
     d = sp[(sp["method"] != "none") & sp["speedup"].notna()]
     rows = []
@@ -398,8 +403,6 @@ def acceptance_intervals(steps: pd.DataFrame, runs: pd.DataFrame,
                          n_boot: int = N_BOOT, level: float = LEVEL) -> pd.DataFrame:
     """:func:`sdlib.analysis.measures.acceptance_by_method` (1 + accepted / drafts, pooled over batch
     sizes and repeats) plus ``mean_acceptance_length_lo/hi``: bootstrap over requests within each run."""
-    from sdlib.analysis.measures import acceptance_by_method
-
     acc = acceptance_by_method(steps, runs)
     s = steps[["run_id", "request_id", "drafted", "accepted"]].copy()
     s["drafted"] = s["drafted"].astype("Float64")
@@ -411,20 +414,3 @@ def acceptance_intervals(steps: pd.DataFrame, runs: pd.DataFrame,
     ci = ci.rename(columns={"value_lo": "mean_acceptance_length_lo", "value_hi": "mean_acceptance_length_hi",
                             "n_requests": "n_requests"}).drop(columns="value")
     return acc.merge(ci, on=list(group), how="left")
-
-
-def wilson(k, n, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson score interval of a proportion ``k / n`` (arrays or scalars); NaN where ``n`` is 0.
-
-    For shares of requests (outputs that differ, outputs identical): unlike a bootstrap it has width even
-    when every request agrees (0 of 24 is not proof that the share is 0)."""
-    from statistics import NormalDist
-
-    k, n = np.asarray(k, dtype=float), np.asarray(n, dtype=float)
-    z = NormalDist().inv_cdf(1 - (1 - level) / 2)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = k / n
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    bad = ~(n > 0)
-    return np.where(bad, np.nan, centre - half), np.where(bad, np.nan, centre + half)

@@ -30,6 +30,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from sdlib.core.bootstrap import wilson
 from sdlib.extract.ngram import TRACE_MAX_K
 from sdlib.paths import resolve
 from sdlib.store import read_table
@@ -181,6 +182,7 @@ def _request_ratio(g: pd.DataFrame, keys: list[str], n_boot: int) -> pd.DataFram
     """Per ``keys`` group: a bootstrap interval (over requests, drawn within each run) of the mean of
     ``gained`` over the group's steps (``value_lo``, ``value_hi``;
     :func:`sdlib.analysis.intervals.ratio_by_request`)."""
+    # deferred: sdlib.analysis.intervals loads pandas, and only this path needs it
     from sdlib.analysis.intervals import ratio_by_request
 
     per = g.assign(_g=g["gained"].astype("float64"), _n=1.0).groupby(
@@ -340,6 +342,7 @@ def greedy_drift(runs: pd.DataFrame, requests: pd.DataFrame,
     matching is on ``prompt_index``. ``frac_differ`` = differing / compared, with its Wilson interval
     (``frac_differ_lo/hi``); ``mean_output_tokens_lo/hi``: a bootstrap interval over requests.
     """
+    # deferred: sdlib.analysis.intervals loads pandas, and only this path needs it
     from sdlib.analysis.intervals import ratio_by_request
 
     df = _requests_with_runs(runs, requests)
@@ -400,7 +403,6 @@ def _share_of_requests(m: pd.DataFrame, by: list[str], flag: str, has: str, name
     """Per ``by`` group of requests ``m``: ``n_requests``, ``n_compared`` (requests where ``has``),
     ``n_<name>`` (where ``flag``, 1.0 / 0.0 / NaN), ``frac_<name>`` and its Wilson interval (``_lo``, ``_hi``);
     ``extra``: more named aggregations."""
-    from sdlib.analysis.intervals import wilson
 
     out = m.groupby(by, dropna=dropna).agg(
         n_requests=("request_id", "size"), **extra, n_compared=(has, "sum"),

@@ -64,6 +64,7 @@ class ServeCommand(Command):
 
         cfg = load_serving(self.config, {"results_dir": self.results_dir} if self.results_dir else None)
         if self.status:
+            # deferred: sdlib.store.serving_store loads pandas, and only this path needs it
             from sdlib.store.serving_store import ServingStore
 
             store = ServingStore(cfg.out_dir)
@@ -75,6 +76,7 @@ class ServeCommand(Command):
             for c in todo:
                 print(("FAILED " if c.run_id in failed else "todo   ") + c.run_id)
             return 0
+        # deferred: sdlib.serve.sweep loads pandas, and only this path needs it
         from sdlib.serve.sweep import run_serving
 
         store = run_serving(cfg, retry_failed=not self.skip_failed, only=self.only, quiet=self.quiet)

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from sdlib.commands.base import Command, UsageError
+from sdlib.core.registry import GROUPS, POLICIES, RegistryError, expand_policies
+from sdlib.paths import resolve
 
 DESCRIPTION = __doc__.split("\n\n")[0]
 
@@ -66,7 +68,6 @@ class SimulateCommand(Command):
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         # the policy registry (sdlib.sim.policy registers the policies; pandas): imported when this parser is built
         import sdlib.sim.policy  # noqa: F401
-        from sdlib.core.registry import GROUPS, POLICIES, expand_policies
         from sdlib.sim.costmodels import cost_model_names
         from sdlib.sim.policy.static import FIXED_KS
         from sdlib.sim.policy.training import REFERENCE_PREDICTOR
@@ -102,7 +103,6 @@ class SimulateCommand(Command):
     def run(self) -> int:
         # the simulator (pandas): imported only when the command runs
         import sdlib.sim.policy  # noqa: F401  (registers the policies)
-        from sdlib.core.registry import RegistryError, expand_policies
         from sdlib.sim.costmodels import CostModelError, load_cost_model
         from sdlib.sim.policy.confidence import ConfidenceError, load_confidences
         from sdlib.sim.policy.table import simulate_policies, summarise
@@ -172,9 +172,14 @@ class SimulateCommand(Command):
         return 0
 
     def _predictor(self, prep, k):
-        from sdlib.paths import resolve
+        # deferred: sdlib.sim.policy.features loads pandas, and only this path needs it
         from sdlib.sim.policy.features import add_features
-        from sdlib.sim.policy.training import REFERENCE_PREDICTOR, crossfit, load_predictor, save_predictor
+        from sdlib.sim.policy.training import (
+            REFERENCE_PREDICTOR,
+            crossfit,
+            load_predictor,
+            save_predictor,
+        )
         from sdlib.sim.policy.walk import PolicyInputs
 
         inp = PolicyInputs.of(prep, k)

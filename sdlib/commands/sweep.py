@@ -15,6 +15,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -207,8 +208,8 @@ class SweepCommand(Command):
                     print(f"  {c.run_id}")
             print(f"{sweep.name}: would run {n} cell(s); results in {sweep.out_dir} (dry run: nothing started)")
             return 0
-        import signal
 
+        # deferred: sdlib.run.sweep loads pydantic, and only this path needs it
         from sdlib.run.sweep import _on_sigterm
 
         old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM as Ctrl-C: one line, not a traceback
@@ -230,6 +231,7 @@ class SweepCommand(Command):
             signal.signal(signal.SIGTERM, old_term)
         out = store.outcome
         if self.summary and out["done"]:
+            # deferred: sdlib.run.report loads pandas, and only this path needs it
             from sdlib.run.report import print_report
 
             print_report(store, run_ids=out["planned"], cells={c.run_id for c in sweep.cells()})
@@ -241,6 +243,7 @@ class SweepCommand(Command):
 
     def _planned_blocks(self, sweep: SweepConfig, methods: list, only: dict, plan_minutes: Optional[float]):
         """``--plan-minutes N`` / ``--blocks``: the blocks to run as ``only``; None when nothing is left."""
+        # deferred: sdlib.run.budget loads pandas, and only this path needs it
         from sdlib.run import budget
         from sdlib.store import SweepStore
 
@@ -337,6 +340,7 @@ class PlanCommand(Command):
         if not self.config:
             raise UsageError("plan: give a sweep CONFIG (or --paper-matrix, or --measured)")
         minutes = _minutes(self.gpu_minutes, "--gpu-minutes")
+        # deferred: sdlib.store loads pandas, and only this path needs it
         from sdlib.store import SweepStore
 
         sweep = _load(self.config, self.results_dir)
@@ -366,7 +370,9 @@ class ValidateCommand(Command):
         parser.add_argument("config", help="sweep YAML")
 
     def run(self) -> int:
-        from sdlib.run.preflight import preflight  # the workloads' loaders (pandas): only when the command runs
+        from sdlib.run.preflight import (
+            preflight,  # the workloads' loaders (pandas): only when the command runs
+        )
 
         sweep = _load(self.config)
         preflight(sweep)
@@ -391,7 +397,9 @@ class StatusCommand(Command):
         parser.add_argument("--results-dir", help="the results folder the sweep was run with (default: the config's)")
 
     def run(self) -> int:
-        from sdlib.store import SweepStore  # pandas, pyarrow: only when the command runs
+        from sdlib.store import (
+            SweepStore,  # pandas, pyarrow: only when the command runs
+        )
 
         sweep = _load(self.config, self.results_dir)
         store = SweepStore(sweep.out_dir)
@@ -445,7 +453,11 @@ class CleanCommand(Command):
         c.add_argument("--yes", "-y", action="store_true", help="delete without asking")
 
     def run(self) -> int:
-        from sdlib.store import FolderLock, SweepBusy, SweepStore  # pandas, pyarrow: only when the command runs
+        from sdlib.store import (  # pandas, pyarrow: only when the command runs
+            FolderLock,
+            SweepBusy,
+            SweepStore,
+        )
         from sdlib.store.provenance import git_tracked
 
         named = set(self.cell or [])
@@ -511,7 +523,9 @@ class RekeyCommand(Command):
         parser.add_argument("--results-dir", help="the results folder (default: the config's)")
 
     def run(self) -> int:
-        from sdlib.config import parse_sweep  # pydantic, the policy registry (pandas): only when the command runs
+        from sdlib.config import (
+            parse_sweep,  # pydantic, the policy registry (pandas): only when the command runs
+        )
         from sdlib.store import FolderLock, SweepBusy, SweepStore
         from sdlib.store.rekey import cell_coordinates, rekey
 

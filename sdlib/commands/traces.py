@@ -17,7 +17,9 @@ from typing import Optional
 
 from sdlib.commands.base import Command
 from sdlib.core.registry import NGRAM_MAX, NGRAM_MIN
-from sdlib.paths import MODELS_DIR
+from sdlib.extract.ngram import DEFAULT_K
+from sdlib.paths import MODELS_DIR, repo_relative, resolve
+from sdlib.vllm.engine import EngineSettings
 
 
 @dataclass
@@ -78,11 +80,8 @@ class TracesCommand(Command):
 
     def run(self) -> int:
         # the trace producer (pandas; vLLM when its engines start): imported only when the command runs
-        from sdlib.extract.ngram import DEFAULT_K
-        from sdlib.paths import repo_relative, resolve
         from sdlib.run.traces import METHODS, greedy_from_sweep, make_traces
         from sdlib.sim.traces import write_traces
-        from sdlib.vllm.engine import EngineSettings
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         s = EngineSettings(dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,

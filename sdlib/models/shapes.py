@@ -71,24 +71,31 @@ SHAPES: dict[str, dict] = {
 }
 
 
-def write_shape(name: str, root: Path = SHAPES_DIR) -> Path:
-    """Write ``<root>/<name>/config.json`` (+ generation_config.json, a model card); return the folder.
-
-    A file already holding the same text is left alone, and a new text replaces the old one atomically: run ids
-    hash these files, and the sweep's supervisor and its workers call this concurrently (a plain rewrite let a
-    worker read a half-written config and compute other run ids: seen on the H200).
-    """
+def shape_files(name: str) -> dict[str, str]:
+    """The files of shape ``name``'s folder: ``config.json``, ``generation_config.json`` and a model card
+    (``sdlib_model.json``), as texts. Run ids hash them (:func:`sdlib.config.model_fingerprint`) without writing
+    them."""
     if name not in SHAPES:
         raise KeyError(f"shape: {name!r} is not one of {sorted(SHAPES)}")
     cfg = SHAPES[name]
+    return {"config.json": json.dumps(cfg, indent=1),
+            "generation_config.json": json.dumps({"bos_token_id": cfg["bos_token_id"],
+                                                  "eos_token_id": cfg["eos_token_id"]}),
+            "sdlib_model.json": json.dumps({
+                "name": name, "kind": "shape", "random_weights": True,
+                "note": "config only; load_format=dummy builds random weights of the real shape"}, indent=1)}
+
+
+def write_shape(name: str, root: Path = SHAPES_DIR) -> Path:
+    """Write ``<root>/<name>/`` (:func:`shape_files`) for an engine to load; return the folder.
+
+    A file already holding the same text is left alone, and a new text replaces the old one atomically: the
+    sweep's supervisor and its workers may call this concurrently (a plain rewrite let a worker read a
+    half-written config: seen on the H200).
+    """
+    texts = shape_files(name)
     d = Path(root) / name
     d.mkdir(parents=True, exist_ok=True)
-    texts = {"config.json": json.dumps(cfg, indent=1),
-             "generation_config.json": json.dumps({"bos_token_id": cfg["bos_token_id"],
-                                                   "eos_token_id": cfg["eos_token_id"]}),
-             "sdlib_model.json": json.dumps({
-                 "name": name, "kind": "shape", "random_weights": True,
-                 "note": "config only; load_format=dummy builds random weights of the real shape"}, indent=1)}
     for fname, text in texts.items():
         f = d / fname
         try:

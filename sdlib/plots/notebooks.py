@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+import yaml
 
 from sdlib.paths import REPO_ROOT, resolve
 
@@ -59,7 +62,6 @@ RUNS = [
 
 def run_parameters(run: NotebookRun, figures_dir: Optional[str | Path] = None) -> dict:
     """The parameters papermill gets: the parameter file's, then ``run.parameters``, then ``FIGURES_DIR``."""
-    import yaml
 
     params = {}
     if run.parameters_file:
@@ -74,6 +76,7 @@ def execute(run: NotebookRun, out_dir: str | Path, figures_dir: Optional[str | P
             progress: bool = False) -> Path:
     """Execute ``run`` with papermill (kernel ``python3``, working directory the repo root); the executed
     copy goes to ``out_dir/<run.name>.ipynb``; figures to ``figures_dir`` (None: the notebook's default)."""
+    # deferred: papermill is slow to import, and only this path needs it
     import papermill as pm
 
     out = Path(out_dir) / f"{run.name}.ipynb"
@@ -87,8 +90,8 @@ def ipc_kernel_manager():
     """A Jupyter kernel manager that talks to its kernel over local (IPC) sockets in a private temporary
     folder, not TCP: nothing listens on the network, and the kernel does not warn "Kernel is running over TCP
     without encryption" once per notebook."""
-    import tempfile
 
+    # deferred: jupyter_client is slow to import, and only this path needs it
     from jupyter_client.manager import KernelManager
     from traitlets import CaselessStrEnum, default
 

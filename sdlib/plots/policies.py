@@ -10,6 +10,8 @@ Usage:
 
 from __future__ import annotations
 
+import glob
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -31,9 +33,8 @@ def sim_policy_title(cm_name: str, what: str, traces: str = "authors' traces (Ll
 def our_traces_label(pattern: str) -> str:
     """What produced our traces, from their provenance: ``our traces (<target>, acceptance from vLLM <v> on
     <device>) + EAGLE-3 confidences (offline, float32)``."""
-    import glob
-    import json
 
+    # deferred: sdlib.sim.traces loads pandas, and only this path needs it
     from sdlib.sim.traces import provenance_path
 
     provs = [json.loads(provenance_path(Path(f)).read_text()) for f in sorted(glob.glob(pattern))

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.analysis.serving import SLA
+from sdlib.analysis.serving import SLA, cost_per_million_tokens
 from sdlib.plots.style import log_axis_plain, new_figure
 from sdlib.plots.titles import _notes
 
@@ -152,8 +152,6 @@ def plot_design(intervals: pd.DataFrame, runs: pd.DataFrame, sla: SLA, price_per
     ``names``: label -> what to call it), 95% bootstrap intervals, the region within the SLA shaded, and the
     cost per million output tokens at ``price_per_hour`` per server vs rate (servers x price / output tokens
     per hour)."""
-    from sdlib.analysis.serving import cost_per_million_tokens
-
     names = names or {}
     q = sla.percentile
     d = intervals[(intervals["kind"] == kind) & (intervals["percentile"] == q)]

@@ -69,6 +69,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.0, height: float
 def log_axis_plain(ax, axis: str = "y") -> None:
     """Log scale on ``axis`` labelled with plain numbers at 1, 2, 5 x 10^n (``150``, ``2,000``), not powers of
     ten: readable when the data span less than a decade too."""
+    # deferred: matplotlib is slow to import, and only this path needs it
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     a = ax.yaxis if axis == "y" else ax.xaxis

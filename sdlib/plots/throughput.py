@@ -112,6 +112,7 @@ def plot_acceptance_table(acc: pd.DataFrame, title: str, value: str = "mean_acce
     """Heatmap of mean acceptance length, method x workload (the paper's cheat-sheet form), each cell with
     its interval when ``acc`` has ``<value>_lo``/``<value>_hi``
     (:func:`sdlib.analysis.intervals.acceptance_intervals`)."""
+    # deferred: seaborn is slow to import, and only this path needs it
     import seaborn as sns
 
     piv = acc.pivot_table(index="method_label", columns="dataset", values=value, aggfunc="first")
@@ -172,6 +173,7 @@ def plot_speedup_surface(sp: pd.DataFrame, title: str, method_axis: str = "metho
     """Heatmaps of measured speedup, method (rows) x batch size (columns), one panel per dataset (nothing
     averaged over datasets); each cell gives the speedup and its interval; below 1 shows red.
     ``method_axis``: the method axis label (:func:`sdlib.plots.titles.method_axis_label`)."""
+    # deferred: seaborn is slow to import, and only this path needs it
     import seaborn as sns
 
     d = sp[sp["method"] != "none"]

@@ -167,6 +167,7 @@ def plot_cheat_sheet(grid: pd.DataFrame, title: str, lo: Optional[pd.DataFrame] 
                      hi: Optional[pd.DataFrame] = None):
     """Heatmap of :func:`cheat_sheet_grid`, annotated, sized to the grid; with ``lo``/``hi`` grids (the
     interval's ends) each cell shows its interval under the value."""
+    # deferred: sdlib.plots.throughput loads pandas, and only this path needs it
     from sdlib.plots.throughput import surface_annotations
 
     ci = lo is not None and hi is not None

@@ -60,15 +60,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from sdlib.config import Cell, ConfigError, SweepConfig, WorkloadConfig
-from sdlib.core.registry import method_spec
+from sdlib.config import Cell, ConfigError, SweepConfig, WorkloadConfig, parse_sweep
+from sdlib.core.registry import DRAFTERS, method_spec, replay_ref
+from sdlib.paths import SWEEPS_DIR, resolve
 
 #: Tokens per step of an SD cell whose acceptance is not known before it runs (no replay plan, no synthetic
 #: acceptance): 1, as without SD, so the estimate errs high.
@@ -92,10 +93,12 @@ RATIO_COLUMNS = ["model", "device", "method", "batch_mode", "ratio", "sweep"]
 def load_cost_model(name_or_path=None):
     """The engine cost model a plan prices steps with: a name, a path or a model (default: the committed fit).
     The one place this module loads a cost model."""
+    # deferred: sdlib.sim.engine_costs loads pandas, and only this path needs it
     from sdlib.sim import engine_costs
 
     spec = name_or_path or engine_costs.ENGINE_COST_MODEL_FILE
     try:  # the one loader of every cost model kind, where it exists (sdlib.sim.costmodels)
+        # deferred: sdlib.sim.costmodels loads pandas, and only this path needs it
         from sdlib.sim.costmodels import load_cost_model as load
     except ImportError:
         load = engine_costs.load_any_cost_model
@@ -189,8 +192,7 @@ class _Workloads:
         key = self._key(dataclasses.replace(wl, num_requests=1), 0, max_model_len)
         if key not in self._pools:
             if wl.source in ("reference", "traces"):
-                import warnings
-
+                # deferred: sdlib.workloads loads pydantic, and only this path needs it
                 from sdlib.workloads import load_trace_prompts
 
                 with warnings.catch_warnings():  # asking for every prompt: that there are fewer is no news
@@ -211,6 +213,7 @@ class _Workloads:
 
     def plans(self, cell: Cell, pool: list) -> list:
         """The replay plans of ``cell``'s prompts (in pool order)."""
+        # deferred: sdlib.sim.prepared loads pandas, and only this path needs it
         from sdlib.sim.prepared import prepare_traces, truncate_traces
         from sdlib.sim.replay import replay_plans
         from sdlib.workloads import load_trace_table
@@ -480,8 +483,7 @@ def committed_invocations(sweeps_dir=None, planner: Optional[Planner] = None,
     """Every recorded invocation of the sweeps under ``sweeps_dir`` (default data/sweeps) whose provenance holds
     its config, with the cells each finished (matched by start time) priced by ``planner`` at scale 1;
     ``device``: only sweeps that ran an engine there."""
-    from sdlib.config import parse_sweep
-    from sdlib.paths import SWEEPS_DIR, resolve
+    # deferred: sdlib.store loads pandas, and only this path needs it
     from sdlib.store import read_table
 
     root = resolve(sweeps_dir) if sweeps_dir else SWEEPS_DIR
@@ -621,6 +623,8 @@ def measured_vs_plan(invs: list[Invocation], device: str = DEFAULT_DEVICE) -> pd
                      "cells_used_min": float(v.cells["wall_s"].sum()) / 60 if len(v.cells) else 0.0,
                      "cells_plan_min": p["cells_s"] / 60})
     return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------- lint
 def _full_graphs(sweep: SweepConfig) -> bool:
     cc = sweep.engine.extra.get("compilation_config") or {}
@@ -639,8 +643,6 @@ def config_notes(sweep: SweepConfig) -> list[str]:
         ks = sorted({m.num_spec_tokens for m in sweep.methods if m.name == "ngram" and m.replay
                      and (not m.targets or model.name in m.targets)})
         if len(ks) > 1:
-            from sdlib.core.registry import replay_ref
-
             own_k = sorted({m.replay for m in sweep.methods if m.name == "ngram" and m.replay
                             and replay_ref(m.replay, m.name, m.num_spec_tokens).spec.replay_k})
             notes.append(f"info: {model.name}: n-gram replays on {len(ks)} engines (K = {', '.join(map(str, ks))}) under "
@@ -869,8 +871,8 @@ class PaperMatrix:
 def _reference_profiles(mx: PaperMatrix) -> dict:
     """Per dataset: the prompts a cell runs (the authors' traces' prompts where there are traces; the mean of
     their prompt lengths, ``output_tokens`` out, elsewhere)."""
-    import warnings
 
+    # deferred: sdlib.sim.traces loads pandas, and only this path needs it
     from sdlib.sim.traces import REFERENCE_FILES
     from sdlib.workloads import load_trace_prompts
 
@@ -892,7 +894,7 @@ def reference_tokens_per_step(ks: Sequence[int]) -> dict:
     """``{(drafter, k): 1 + share * sum of the per-position acceptance rates}`` of the authors' traces (all four
     datasets; :func:`sdlib.sim.closed_form.per_position_rates`, what ``sdlib rates`` prints): the tokens a step
     gains. ``share``: the steps where the drafter proposes (the n-gram look-up's matches; 1 for EAGLE-3)."""
-    from sdlib.core.registry import DRAFTERS
+    # deferred: sdlib.sim.closed_form loads pandas, and only this path needs it
     from sdlib.sim.closed_form import per_position_rates
     from sdlib.sim.prepared import prepare_traces
     from sdlib.sim.traces import load_reference_traces

@@ -34,6 +34,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from sdlib.models.train.files import write_gz, write_json
+from sdlib.paths import TRAINED_MODELS_DIR, repo_relative, resolve
+from sdlib.store.files import sha256_file
+
 #: Decimal places kept for a probability in the JSONL (it is compared with thresholds, not re-derived).
 DECIMALS = 5
 
@@ -53,12 +57,13 @@ class Eagle3Offline:
 def load_eagle3(models: str | Path, target: str = "target", head: str = "eagle3") -> Eagle3Offline:
     """The target and EAGLE-3 head of a models folder (``@trained`` = data/models), as vLLM loads them: the
     head's exported weights (``fc`` with the training scale folded in) and its ``d2t`` map."""
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    # deferred: sdlib.models.train.modules loads torch, and only this path needs it
     from sdlib.models.train.modules import head_from_config
-    from sdlib.paths import TRAINED_MODELS_DIR, resolve
 
     root = TRAINED_MODELS_DIR if str(models).rstrip("/") == "@trained" else resolve(str(models))
     tdir, hdir = root / target, root / head
@@ -81,8 +86,10 @@ def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[
                       k: int) -> tuple[list[list[float]], list[int]]:
     """(``conf``, ``acc``) of one request: ``conf[q][j]`` the top-1 probability of draft ``j`` at output
     position ``q`` (``conf[0] = []``, the prefill), ``acc[q]`` the head's greedy gain there (``acc[0] = 1``)."""
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
 
+    # deferred: sdlib.models.train.llama loads torch, and only this path needs it
     from sdlib.models.train.llama import lm_features
     from sdlib.models.train.modules import rope
 
@@ -129,8 +136,7 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
                       progress: bool = True, argv: Optional[list[str]] = None) -> dict:
     """Confidences of every request of one of our trace files (``k``: the trace's, from its provenance);
     returns the provenance written beside ``out`` (``argv``: the command line that asked for it)."""
-    from sdlib.models.train.files import sha256, write_gz, write_json
-    from sdlib.paths import repo_relative, resolve
+    # deferred: sdlib.sim.traces loads pandas, and only this path needs it
     from sdlib.sim.traces import TRACE_KEYS, provenance_path, read_trace_file
     from sdlib.store import git_commit, utc_now
 
@@ -163,7 +169,7 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
     write_gz(tmp, ("\n".join(lines) + "\n").encode())  # byte-stable
     tmp.replace(dst)
     info = {"written_at": utc_now(), "git_commit": git_commit(), "traces": repo_relative(src),
-            "traces_sha256": sha256(src), "dataset": prov_in.get("dataset"), "k": k,
+            "traces_sha256": sha256_file(src), "dataset": prov_in.get("dataset"), "k": k,
             "target": repo_relative(m.target_dir), "head": repo_relative(m.head_dir),
             "confidence": "top-1 softmax probability of each draft over the head's draft vocabulary (float32)",
             "agreement_with_trace_acc_eagle": {"positions": total, "equal": agree,

@@ -10,14 +10,27 @@ Usage:
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import socket
+import sys
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Optional
 
 from sdlib.config import ConfigError, SweepConfig, hub_revision
-from sdlib.paths import hub_repo_cache, resolve
+from sdlib.models.shapes import SHAPES, write_shape
+from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
+from sdlib.vllm.compat import engine_arg_names
+from sdlib.vllm.options import (
+    check_options,
+    cpu_kv_budget_bytes,
+    engine_fields,
+    kv_bytes_per_token,
+    speculative_fields,
+)
+from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
 HUB_TIMEOUT_S = 0.5
@@ -43,6 +56,7 @@ def _resolve_hub_revision(field: str, repo_id: str) -> None:
     """Fetch ``repo_id``'s config.json into the Hub cache, which records the commit its main branch is at, so
     the cells' run ids carry the revision (:func:`sdlib.config.model_fingerprint`) before anything runs."""
     try:
+        # deferred: huggingface_hub is slow to import, and only this path needs it
         from huggingface_hub import snapshot_download
 
         snapshot_download(repo_id, allow_patterns=["config.json"])
@@ -64,8 +78,6 @@ def hub_reachable() -> bool:
 
 def _check_model(field: str, path: str) -> Optional[dict]:
     if path.startswith("@shapes/"):
-        from sdlib.models.shapes import SHAPES, write_shape
-
         name = path[len("@shapes/"):]
         if name not in SHAPES:
             raise ConfigError(f"{field}: unknown shape {name!r} (known: {', '.join(sorted(SHAPES))})")
@@ -90,10 +102,6 @@ def _check_model(field: str, path: str) -> Optional[dict]:
 
 
 def _check_proposer_class(field: str, dotted: str) -> None:
-    import importlib
-    import sys
-
-    from sdlib.paths import REPO_ROOT
 
     module, _, name = dotted.rpartition(".")
     if str(REPO_ROOT) not in sys.path:  # the engine's worker has the repo root on its path (sdlib.run.sweep)
@@ -126,7 +134,6 @@ def _is_eagle_head(cfg: dict) -> bool:
 
 def preflight(sweep: SweepConfig) -> None:
     """Check what can be checked without an engine; raise ConfigError on the first problem."""
-    from sdlib.vllm.compat import engine_arg_names
 
     _check_results_folder(sweep.out_dir)
     model_cfgs: dict[int, dict] = {}
@@ -190,7 +197,6 @@ SET_BY_SDLIB = {"model": "models.N.path", "tokenizer": "models.N.tokenizer", "dt
 
 def _check_engine_extra(sweep: SweepConfig) -> None:
     """``engine.extra``: no argument sdlib sets itself, and every value one vLLM's EngineArgs would take."""
-    from sdlib.vllm.options import check_options, engine_fields
 
     for k in sweep.engine.extra:
         if k in SET_BY_SDLIB:
@@ -202,7 +208,6 @@ def _check_engine_extra(sweep: SweepConfig) -> None:
 
 def _check_spec_options(field: str, me) -> None:
     """A method's ``options``: names and values the installed vLLM's SpeculativeConfig takes (no engine)."""
-    from sdlib.vllm.options import check_options, speculative_fields
 
     if me.options:
         problem = check_options(me.options, speculative_fields(), "speculative option")
@@ -217,7 +222,6 @@ def _check_spec_options(field: str, me) -> None:
 
 def _check_results_folder(out: "os.PathLike[str]") -> None:
     """The results folder can be made and written: its nearest existing folder is a folder, writable."""
-    from pathlib import Path
 
     out = Path(out)
     q = next((p for p in [out, *out.parents] if p.exists() or p.is_symlink()), None)
@@ -250,7 +254,6 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
     max_num_batched_tokens at least B and B x (1 + k), and (CPU build, where the KV cache is a known share of
     memory) room for B requests of at least their output length. A setting that caps the batch below B would
     label a smaller batch as B."""
-    from sdlib.vllm.options import cpu_kv_budget_bytes, kv_bytes_per_token
 
     e = sweep.engine
     for c in sweep.cells():
@@ -287,11 +290,13 @@ def _check_workload(field: str, wl, sweep: Optional[SweepConfig] = None,
                     model_cfgs: Optional[dict[int, dict]] = None) -> None:
     """Local files are read now (format, emptiness, encoding; token ids against each model's vocabulary;
     whether any prompt fits the context), package and hub sources must exist here (they load at run time)."""
+    # deferred: sdlib.workloads loads pydantic, and only this path needs it
     from sdlib.workloads import WorkloadError, load_texts
 
     models = list(enumerate(sweep.models)) if sweep is not None else []
     cfgs = model_cfgs or {}
     if wl.dataset == "custom":
+        # deferred: sdlib.workloads.custom loads pydantic, and only this path needs it
         from sdlib.workloads.custom import check_custom_rows
 
         try:
@@ -305,6 +310,7 @@ def _check_workload(field: str, wl, sweep: Optional[SweepConfig] = None,
         _check_prompts(field, wl, models, cfgs, ids, texts, budgets)
         return
     if wl.source in ("reference", "traces"):
+        # deferred: sdlib.workloads loads pydantic, and only this path needs it
         from sdlib.workloads import load_trace_prompts
 
         if wl.source == "traces" and not resolve(wl.path).exists():
@@ -334,9 +340,6 @@ def _check_workload(field: str, wl, sweep: Optional[SweepConfig] = None,
 
 def _check_remote_source(field: str, wl) -> None:
     """A package or hub source that cannot load here fails now, not after an engine started."""
-    from importlib.util import find_spec
-
-    from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES
 
     pkg = PACKAGE_SOURCES.get(wl.dataset)
     pkg_ok = pkg is not None and find_spec(pkg.split(".")[0]) is not None
@@ -360,8 +363,6 @@ def _check_remote_source(field: str, wl) -> None:
 
 
 def _hub_dataset_cached(dataset: str) -> bool:
-    from sdlib.paths import hf_hub_cache
-    from sdlib.workloads.datasets import HUB_SOURCES, SHAREGPT_HUB
 
     repo = SHAREGPT_HUB["repo_id"] if dataset == "sharegpt" else HUB_SOURCES[dataset]["path"]
     hub = hf_hub_cache()
@@ -412,6 +413,7 @@ def _text_lengths(model, texts: list[str]) -> list[int]:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str):
+    # deferred: tokenizers is slow to import, and only this path needs it
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(path)

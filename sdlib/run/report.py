@@ -24,6 +24,7 @@ def report_table(store, run_ids: Optional[list[str]] = None, n_boot: int = 1000,
     """The table for a sweep folder: the cells of ``cells`` (a config's run ids: exactly that config's
     results), else of the folder's current config; rows only for ``run_ids`` when given (their baselines are
     still used for the speedups)."""
+    # deferred: sdlib.analysis.intervals loads pandas, and only this path needs it
     from sdlib.analysis.intervals import sweep_intervals
     from sdlib.analysis.measures import acceptance_table
 

@@ -22,12 +22,15 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
+from tqdm.auto import tqdm
+
 from sdlib.config import SweepConfig, load_sweep
-from sdlib.paths import REPO_ROOT
+from sdlib.paths import REPO_ROOT, resolve
 from sdlib.run.plan import model_cards, plan
-from sdlib.run.preflight import preflight
+from sdlib.run.preflight import hub_reachable, preflight
 from sdlib.run.supervise import EngineProcess, end_group, group_alive, remove_unused
 from sdlib.store import FolderLock, SweepStore, git_commit, utc_now, write_json_atomic
+from sdlib.workloads.datasets import PACKAGE_SOURCES
 
 
 def _orphans(store: SweepStore) -> int:
@@ -59,8 +62,6 @@ class _Progress:
         self.done: set[str] = set()
         self.bar = None
         if enabled and sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
             self.bar = tqdm(total=len(cells), desc=label, unit="cell", file=sys.stderr, leave=True)
 
     def poll(self) -> None:
@@ -142,11 +143,7 @@ def offline_env(sweep: SweepConfig) -> dict[str, str]:
     """Variables that keep the engines from calling home: vLLM's usage statistics and other telemetry off
     always; the Hugging Face libraries offline when every model is a local folder or the Hub is unreachable
     (so nothing waits on a network that is not there). The user's own settings win."""
-    from sdlib.paths import resolve
-    from sdlib.run.preflight import hub_reachable
-
     out = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    from sdlib.workloads.datasets import PACKAGE_SOURCES
 
     paths = [m.path for m in sweep.models] + [m.tokenizer for m in sweep.models if m.tokenizer] + \
         [me.model for me in sweep.methods if me.model and me.name != "custom"]

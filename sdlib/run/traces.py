@@ -78,8 +78,16 @@ from sdlib.extract.ngram import DEFAULT_K, NGRAM_MAX, NGRAM_MIN, ngram_acc_len
 from sdlib.paths import MODELS_DIR, repo_relative, resolve
 from sdlib.sim.traces import TRACE_COLUMNS, mean_acc_len
 from sdlib.store import read_table
-from sdlib.vllm.engine import (EngineSettings, FirstVerify, close_engine, delta_greedy_params, first_verify_steps,
-                               greedy_outputs, make_engine)
+from sdlib.vllm import compat as vc
+from sdlib.vllm.engine import (
+    EngineSettings,
+    FirstVerify,
+    close_engine,
+    delta_greedy_params,
+    first_verify_steps,
+    greedy_outputs,
+    make_engine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +282,6 @@ def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit",
     ``max_prompt_tokens`` (default: what fits ``max_model_len``) are skipped.
     ``greedy_source``: recorded in the info when ``greedy`` is given.
     """
-    from sdlib.vllm import compat as vc
 
     s = settings or EngineSettings()
     methods = list(dict.fromkeys(methods))
@@ -291,8 +298,10 @@ def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit",
                             "engine": asdict(s), "timings_s": {}, "engine_start_s": {}, "model_stats": {}}
     t_all = time.perf_counter()
     if greedy is None:
+        # deferred: transformers takes seconds to import, and only this path needs it
         from transformers import AutoTokenizer
 
+        # deferred: sdlib.config loads pydantic, and only this path needs it
         from sdlib.config import WorkloadConfig
         from sdlib.workloads import load_prompts
 

@@ -10,6 +10,7 @@ Spec JSON: ``{"sweep": <SweepConfig dict>, "run_ids": [...], "env_out": <path>}`
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
 import json
@@ -26,16 +27,18 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sdlib.config import parse_sweep
-from sdlib.store import SweepStore, utc_now, write_json_atomic
+from sdlib.run.driver import drive
 from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
+from sdlib.store import SweepStore, utc_now, write_json_atomic
 from sdlib.store.provenance import device_name
+from sdlib.vllm import compat as vc
+from sdlib.vllm import replay as vr
 
 log = logging.getLogger("sdlib.run.worker")
 
 
 def _environment(llm) -> dict[str, Any]:
-    from sdlib.vllm import compat as vc
-
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
 
     return {
@@ -50,11 +53,11 @@ def _environment(llm) -> dict[str, Any]:
 
 def run_group(spec: dict[str, Any]) -> int:
     """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
+    # deferred: sdlib.extract.tables loads pandas, and only this path needs it
     from sdlib.extract.tables import build_tables, check_concurrency, phases_frame
     from sdlib.run import replay as rr
-    from sdlib.run.driver import drive
-    from sdlib.vllm import compat as vc
-    from sdlib.vllm import replay as vr
+
+    # deferred: sdlib.workloads loads pydantic, and only this path needs it
     from sdlib.workloads import load_prompts, load_trace_table
 
     sweep = parse_sweep(spec["sweep"])
@@ -80,6 +83,7 @@ def run_group(spec: dict[str, Any]) -> int:
     engine_start_s = time.perf_counter() - t
     timers = None
     if sweep.engine.phase_timers:
+        # deferred: sdlib.vllm.phase_hooks loads pandas, and only this path needs it
         from sdlib.vllm.phase_hooks import RemoteTimers, install_phase_timers
 
         # tensor parallel: the runners live in worker processes, so the timers go there (rank 0 reports)
@@ -198,6 +202,7 @@ def skipped_rows(wl) -> int:
     provenance as ``skipped_empty`` with the empty prompts)."""
     if wl.dataset != "custom":
         return 0
+    # deferred: sdlib.workloads.custom loads pydantic, and only this path needs it
     from sdlib.workloads.custom import check_custom_rows
 
     return check_custom_rows(wl)[1]
@@ -261,8 +266,6 @@ def supervisor_alive() -> bool:
 def _die_with_parent() -> None:
     """Ask the kernel for SIGTERM when the supervisor dies (Linux), so a killed sweep leaves no worker."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

@@ -39,16 +39,24 @@ import pandas as pd
 
 from sdlib.analysis.serving import percentile, summarize
 from sdlib.config import ConfigError
+from sdlib.models.shapes import write_shape
 from sdlib.paths import REPO_ROOT, resolve
 from sdlib.serve.arrivals import arrival_times, realised_rate
 from sdlib.serve.client import ClientRequest, RequestRecord, run_open_loop
-from sdlib.serve.config import ServingCell, ServingConfig, ServerConfig, load_serving
+from sdlib.serve.config import ServerConfig, ServingCell, ServingConfig, load_serving
 from sdlib.serve.router import Router, prompt_overlap_score
 from sdlib.serve.server import Server, ServerError, reap_orphans
 from sdlib.store import git_commit, utc_now
 from sdlib.store.provenance import device_name
 from sdlib.store.schema import columns
 from sdlib.store.serving_store import SHARE_TABLES, ServingStore
+from sdlib.vllm.server import (
+    diff_spec_counters,
+    installed_vllm_version,
+    parse_metrics,
+    server_command,
+    spec_counters,
+)
 
 #: Builds a server's command line: (model, method, server settings, port) -> argv.
 Launcher = Callable[[Any, Any, ServerConfig, int], list[str]]
@@ -58,7 +66,6 @@ SERVED_NAME = "model"
 
 def vllm_launcher(model, method, server: ServerConfig, port: int) -> list[str]:
     """The real thing: ``python -m vllm.entrypoints.openai.api_server ...`` (sdlib.vllm.server)."""
-    from sdlib.vllm.server import server_command
 
     return server_command(model, method, server, port, served_name=SERVED_NAME)
 
@@ -88,6 +95,7 @@ def load_tokenizer(model):
     """The model's tokenizer (transformers), or None for ``skip_tokenizer_init`` models (token-id workloads)."""
     if model.skip_tokenizer_init:
         return None
+    # deferred: transformers takes seconds to import, and only this path needs it
     from transformers import AutoTokenizer
 
     src = model.tokenizer or model.path
@@ -97,6 +105,7 @@ def load_tokenizer(model):
 
 def load_pools(cfg: ServingConfig, model) -> dict[str, list]:
     """``{task: [Prompt, ...]}``: each task's prompt pool (token ids), in the workload's seeded order."""
+    # deferred: sdlib.workloads loads pydantic, and only this path needs it
     from sdlib.workloads import load_prompts
 
     tok = load_tokenizer(model)
@@ -160,7 +169,6 @@ def _num(x) -> Optional[float]:
 def share_tables(cell: ServingCell, server: int, stream: list[StreamRequest], records: list[RequestRecord],
                  before: dict, after: dict, client_cpu_s: float, started_at: str) -> dict[str, pd.DataFrame]:
     """The share's rows of ``serve_requests``, ``serve_chunks`` and ``serve_counters``."""
-    from sdlib.vllm.server import diff_spec_counters
 
     backend = cell.backends[server].label
     rid = cell.run_id
@@ -274,7 +282,6 @@ def _get(url: str, timeout_s: float = 10.0) -> str:
 
 def read_counters(server: Server) -> dict:
     """The server's spec-decode counters now (``GET /metrics``)."""
-    from sdlib.vllm.server import parse_metrics, spec_counters
 
     return spec_counters(parse_metrics(_get(server.url + "/metrics")))
 
@@ -473,8 +480,6 @@ def plan_sequential(cells: list[ServingCell], store: ServingStore) -> "OrderedDi
 
 
 def _check_paths(cfg: ServingConfig) -> None:
-    from sdlib.models.shapes import write_shape
-
     for p in [m.path for m in cfg.models] + [me.model for me in cfg.methods if me.model]:
         if p.startswith("@shapes/"):  # config-only paper-scale shapes are written on demand
             write_shape(p[len("@shapes/"):])
@@ -517,10 +522,10 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
         print(f"serving {cfg.name}: nothing to run; {len(store.done_ids())} cell(s) done, {len(store.failures())} "
               f"failed; results in {store.dir}", file=sys.stderr)
         return store
-    from sdlib.run.plan import model_cards
-    from sdlib.vllm.server import installed_vllm_version
-
+    # deferred: aiohttp and sdlib.run.plan (pydantic) are slow to import, and only this path needs them
     import aiohttp
+
+    from sdlib.run.plan import model_cards
 
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": portable_cmd(sys.argv),
              "host": os.uname().nodename,

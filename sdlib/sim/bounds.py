@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.analysis.measures import crossover_table
+from sdlib.core.crossover import crossover_table
 from sdlib.core.registry import PolicyRef
 from sdlib.paths import FIGURES_DIR
 from sdlib.sim.conventions import Convention, get_convention
@@ -145,7 +145,7 @@ def crossover_by_cost_model(prep: PreparedTraces, cost_models: Sequence[CostMode
                             proposers: Sequence[str] = SINGLE_PROPOSERS, k: int = 3,
                             thresholds: Sequence[float] = (1.2, 1.0)) -> pd.DataFrame:
     """Per (cost model, proposer, dataset): the first simulated batch size at which fixed ``k``'s speedup falls
-    below each threshold (NA: not within ``batch_sizes``), by :func:`sdlib.analysis.measures.crossover_table`
+    below each threshold (NA: not within ``batch_sizes``), by :func:`sdlib.core.crossover.crossover_table`
     on the simulated table."""
     xs = simulate(prep, cost_models=list(cost_models), batch_sizes=list(batch_sizes),
                   policies=[PolicyRef("fixed", p, int(k)) for p in proposers], conventions=[convention], sample=sample)

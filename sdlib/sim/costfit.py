@@ -30,12 +30,20 @@ Usage:
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel, fit_diagnostics, robust_lstsq
+from sdlib.paths import repo_relative, resolve
+from sdlib.sim.costmodel import (
+    AUTHORS_H100_LLAMA8B,
+    CostModel,
+    fit_diagnostics,
+    robust_lstsq,
+)
 from sdlib.store import read_table
 
 
@@ -81,7 +89,6 @@ COMMITTED_ENGINE_FITS = {"data/costmodels/h200_replay_engine.json": "data/sweeps
 
 def write_fit(sweep_dir, eagle_method: str, out, producer: str) -> Path:
     """Fit ``sweep_dir`` and write the model to ``out`` (named after the file), ``meta.producer`` set."""
-    from sdlib.paths import repo_relative, resolve
 
     out = resolve(out)
     cm = fit_sweep_cost_model(repo_relative(resolve(sweep_dir)), Path(out).stem, eagle_method=eagle_method)
@@ -93,9 +100,8 @@ def write_fit(sweep_dir, eagle_method: str, out, producer: str) -> Path:
 def write_engine_fit(sweep_dir, out, producer: str) -> Path:
     """Fit the engine cost model (per path, k and batch size) to the replay sweep ``sweep_dir`` and write it
     to ``out`` (named after the file), ``meta.producer`` set."""
-    from dataclasses import replace
 
-    from sdlib.paths import repo_relative, resolve
+    # deferred: sdlib.sim.engine_costs loads pandas, and only this path needs it
     from sdlib.sim.engine_costs import fit_engine_cost_model
 
     out = resolve(out)
@@ -111,8 +117,6 @@ def _rounded(x):
 
 
 def main(argv=None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m sdlib.sim.costfit",
                                  description="Fit the simulator's cost model to a measured sweep and write it as JSON.")
     ap.add_argument("sweep", nargs="?", help="sweep folder (repo-relative or absolute)")

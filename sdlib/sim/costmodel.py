@@ -80,6 +80,7 @@ class StepCostModel(ABC):
 
     def save(self, path: str | Path) -> Path:
         """Write the model as JSON to ``path`` (folders created, atomically)."""
+        # deferred: sdlib.store.files loads pandas, and only this path needs it
         from sdlib.store.files import write_json_atomic
 
         write_json_atomic(self.to_dict(), Path(path))

@@ -159,6 +159,7 @@ def decode_steps(sweep_dir) -> pd.DataFrame:
     Synthetic-acceptance cells are left out (their drafts are random, not the replay's); prefill steps
     (more scheduled tokens than ``B*(k+1)``) and steps with fewer running requests than ``B`` too.
     """
+    # deferred: sdlib.store loads pandas, and only this path needs it
     from sdlib.store import read_table
 
     runs, es = read_table(sweep_dir, "runs"), read_table(sweep_dir, "engine_steps")

@@ -29,6 +29,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from sdlib.extract.ngram import TRACE_MAX_K
 from sdlib.paths import DATA_DIR, repo_relative, resolve
 from sdlib.store import git_commit, utc_now
 from sdlib.store.provenance import device_name
@@ -189,7 +190,6 @@ def load_traces(spec: str) -> tuple[pd.DataFrame, int]:
     globs, taken from where the caller stands): ours with the provenance beside each (dataset and k from it),
     any other in the authors' format (dataset from the file name). ``k`` = the smallest over the files. Raises
     :class:`TraceError` when nothing matches or the files lack n-gram or EAGLE-3 acceptance lists."""
-    from sdlib.extract.ngram import TRACE_MAX_K
 
     if spec == "reference":
         return load_reference_traces(), TRACE_MAX_K

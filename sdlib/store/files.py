@@ -48,6 +48,7 @@ def write_parquet_atomic(df: pd.DataFrame, path: Path, metadata: "dict[str, str]
     if metadata is None and not page_checksums:
         _atomic_write_bytes(path, lambda tmp: df.to_parquet(tmp, index=False, compression="zstd"))
         return
+    # deferred: pyarrow is slow to import, and only this path needs it
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,5 @@ def device_name() -> str:
                 return "CPU: " + line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
 
     return "CPU: " + (platform.processor() or platform.machine())

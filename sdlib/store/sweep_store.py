@@ -21,11 +21,13 @@ Usage:
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
-from pathlib import Path
+import socket
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
@@ -333,8 +335,6 @@ class FolderLock:
         self._fh = None
 
     def __enter__(self) -> "FolderLock":
-        import fcntl
-        import socket
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")

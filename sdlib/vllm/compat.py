@@ -35,11 +35,21 @@ Usage:
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
+import os
 import re
 from importlib import metadata
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, Optional
+
+import numpy as np
+
+from sdlib.paths import resolve
+from sdlib.vllm.plugin import METHOD
+from sdlib.vllm.plugin import register as do_register
 
 # Counter names in llm.get_metrics(); per_pos is a Vector metric.
 COUNTER_NAMES = {
@@ -53,6 +63,7 @@ COUNTER_NAMES = {
 @functools.lru_cache(maxsize=1)
 def vllm_version() -> str:
     """The installed vLLM version string (imports vLLM)."""
+    # deferred: vllm takes seconds to import, and only this path needs it
     import vllm
 
     return vllm.__version__
@@ -100,8 +111,6 @@ def speculative_config(spec: Optional[dict[str, Any]], version: Optional[str] = 
     """
     if spec is None or spec.get("method") != "custom_class" or has_custom_class(version):
         return spec
-    from sdlib.vllm.plugin import METHOD
-    from sdlib.vllm.plugin import register as do_register
 
     out = {k: v for k, v in spec.items() if k not in ("method", "model")}
     opts = dict(out.pop("speculator_options", None) or {})
@@ -130,6 +139,7 @@ def ngram_rule(version: Optional[str] = None) -> str:
 def has_detailed_metrics() -> bool:
     """True when vLLM can attach per-request per-step acceptance (>= 0.29)."""
     try:
+        # deferred: vllm takes seconds to import, and only this path needs it
         from vllm.config.observability import ObservabilityConfig
     except ImportError:
         return False
@@ -157,15 +167,11 @@ def llm_kwargs(model, method, engine, max_batch: int, seed: int, detailed: Optio
         seed=seed,
     )
     if model.tokenizer:
-        from sdlib.paths import resolve
-
         p = resolve(model.tokenizer)
         kw["tokenizer"] = str(p) if p.exists() else model.tokenizer
     spec = speculative_config(method.speculative_config())
     if spec is not None:
         if spec.get("speculator_options", {}).get("proposer") and not plugin_entry_point_visible():
-            import os
-
             if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
                 raise RuntimeError("sdlib's custom proposers need sdlib's vLLM plugin in the engine process on "
                                    "vLLM >= 0.34: `pip install -e .` (entry point vllm.general_plugins), source "
@@ -180,6 +186,7 @@ def llm_kwargs(model, method, engine, max_batch: int, seed: int, detailed: Optio
 
 def make_llm(model, method, engine, max_batch: int, seed: int, detailed: Optional[bool] = None):
     """Build ``vllm.LLM`` for one (model, method)."""
+    # deferred: vllm takes seconds to import, and only this path needs it
     from vllm import LLM
 
     return LLM(**llm_kwargs(model, method, engine, max_batch, seed, detailed))
@@ -187,6 +194,7 @@ def make_llm(model, method, engine, max_batch: int, seed: int, detailed: Optiona
 
 def delta_sampling_params(max_tokens: int, temperature: float, seed: int, ignore_eos: bool):
     """SamplingParams that stream only the new tokens of each engine step (DELTA)."""
+    # deferred: vllm takes seconds to import, and only this path needs it
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -278,8 +286,10 @@ def ngram_proposal(context, nmin: int, nmax: int, max_model_len: int, k: int) ->
     ImportError: there is no host look-up to compare with). Use :func:`ngram_lookup` for a look-up that
     exists on every version.
     """
-    import numpy as np
-    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
+    # deferred: vllm takes seconds to import, and only this path needs it
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as lookup,
+    )
 
     return lookup(np.asarray(context, dtype=np.int32), nmin, nmax, max_model_len, k).tolist()
 
@@ -288,9 +298,15 @@ def ngram_lookup():
     """``lookup(context: int32 array, nmin, nmax, max_model_len, k) -> array``: vLLM's host n-gram function
     where it exists (< 0.34), else the same function kept in :mod:`sdlib.vllm.ngram_host`."""
     try:
-        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
+        # deferred: vllm takes seconds to import, and only this path needs it
+        from vllm.v1.spec_decode.ngram_proposer import (
+            _find_longest_matched_ngram_and_propose_tokens as lookup,
+        )
     except ImportError:  # vLLM >= 0.34
-        from sdlib.vllm.ngram_host import find_longest_matched_ngram_and_propose_tokens as lookup
+        # deferred: sdlib.vllm.ngram_host loads numba (seconds), and only vLLM >= 0.34 needs it
+        from sdlib.vllm.ngram_host import (
+            find_longest_matched_ngram_and_propose_tokens as lookup,
+        )
     return lookup
 
 
@@ -298,8 +314,10 @@ def batch_ngram_propose():
     """vLLM's ``batch_propose_numba(rows, num_tokens, token_ids, nmin, nmax, max_model_len, k, draft, ndraft)``
     where it exists (< 0.34), else :mod:`sdlib.vllm.ngram_host`'s copy."""
     try:
+        # deferred: vllm takes seconds to import, and only this path needs it
         from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
     except ImportError:  # vLLM >= 0.34
+        # deferred: sdlib.vllm.ngram_host loads numba (seconds), and only vLLM >= 0.34 needs it
         from sdlib.vllm.ngram_host import batch_propose_numba
     return batch_propose_numba
 
@@ -308,13 +326,10 @@ def batch_ngram_propose():
 def engine_arg_names() -> Optional[frozenset[str]]:
     """The keyword arguments ``vllm.LLM`` accepts through ``EngineArgs`` (its dataclass fields), read from
     the installed vLLM's source without importing it (importing vLLM takes seconds); None without vLLM."""
-    import ast
-    from importlib.util import find_spec
 
     spec = find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    from pathlib import Path
 
     src = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
     if not src.exists():

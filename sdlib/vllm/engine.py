@@ -52,6 +52,7 @@ class EngineSettings:
 def make_engine(target: str | Path, method: str = "none", k: int = DEFAULT_K, drafter: Optional[str | Path] = None,
                 settings: Optional[EngineSettings] = None, ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX):
     """A ``vllm.LLM`` for ``target`` with ``method`` (none, ngram, draft_model, eagle, eagle3), detailed metrics on."""
+    # deferred: sdlib.config loads pydantic, and only this path needs it
     from sdlib.config import EngineConfig, MethodConfig, ModelConfig
 
     s = settings or EngineSettings()
@@ -76,6 +77,7 @@ def close_engine(llm) -> None:
 
 
 def _greedy_params(max_tokens: int, ignore_eos: bool = False):
+    # deferred: vllm takes seconds to import, and only this path needs it
     from vllm import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=int(max_tokens), ignore_eos=ignore_eos, detokenize=False)

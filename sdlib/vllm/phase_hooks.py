@@ -71,12 +71,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-
 from sdlib.store.schema import STEP_PHASES as PHASES
 from sdlib.store.schema import TIMERS
 
 log = logging.getLogger("sdlib.vllm.phase_hooks")
-
 
 
 @dataclass(frozen=True)
@@ -178,6 +176,7 @@ def _never() -> bool:
 def _capture_check() -> Callable[[], bool]:
     """``torch.cuda.is_current_stream_capturing`` (no timing inside a CUDA-graph capture)."""
     try:
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         if torch.cuda.is_available():
@@ -220,6 +219,7 @@ class PhaseTimers:
 
     def _start(self) -> Any:
         if self.timer == "cuda_event":
+            # deferred: torch takes seconds to import, and only this path needs it
             import torch
 
             ev = torch.cuda.Event(enable_timing=True)
@@ -231,6 +231,7 @@ class PhaseTimers:
         if counts:
             self._calls[phase] += 1
         if self.timer == "cuda_event":
+            # deferred: torch takes seconds to import, and only this path needs it
             import torch
 
             end = torch.cuda.Event(enable_timing=True)
@@ -389,6 +390,7 @@ def default_timer(runner: Any) -> str:
     dev = getattr(runner, "device", None)
     if getattr(dev, "type", str(dev)) == "cuda":
         try:
+            # deferred: torch takes seconds to import, and only this path needs it
             import torch
 
             if torch.cuda.is_available():
@@ -416,8 +418,6 @@ def install_phase_timers(llm: Any, timer: Optional[str] = None, kind: Optional[s
         log.warning("phase timers: %s", why)
         return t
     return PhaseTimers(timer or default_timer(runner)).install(runner, kind)
-
-
 
 
 # --------------------------------------------------------------------------- timers inside the workers

@@ -18,7 +18,10 @@ CONFIG = "sdlib.vllm.speculator.SdlibCustomSpeculatorConfig"
 def register() -> bool:
     """Register :data:`METHOD` if this vLLM takes out-of-tree speculators; True when registered."""
     try:
-        from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
+        # deferred: vllm takes seconds to import, and only this path needs it
+        from vllm.v1.worker.gpu.spec_decode.speculator_config import (
+            register_speculative_method,
+        )
     except ImportError:  # vLLM < 0.34: custom_class takes sdlib's proposers directly
         return False
     register_speculative_method(METHOD, CONFIG)

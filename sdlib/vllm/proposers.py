@@ -29,6 +29,8 @@ from typing import Any, Optional
 import numpy as np
 
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN
+from sdlib.paths import resolve
+from sdlib.vllm.compat import ngram_lookup
 
 #: Environment variable naming the draft model folder (default ``@trained/draft``).
 DRAFT_ENV = "SDLIB_CUSTOM_DRAFT"
@@ -51,10 +53,9 @@ class NgramOrDraft:
 
     def load_model(self, *args, **kwargs) -> None:
         """Load the draft model (CPU, float32, eval) and compile vLLM's look-up once."""
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
         from transformers import AutoModelForCausalLM
-
-        from sdlib.paths import resolve
 
         path = resolve(os.environ.get(DRAFT_ENV, DEFAULT_DRAFT))
         self.model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32).eval()
@@ -62,13 +63,12 @@ class NgramOrDraft:
         self._lookup(np.arange(16, dtype=np.int32) % 4)  # JIT-compiles vLLM's numba look-up before timing
 
     def _lookup(self, context: np.ndarray) -> list[int]:
-        from sdlib.vllm.compat import ngram_lookup
-
         out = ngram_lookup()(np.asarray(context, dtype=np.int32), self.nmin, self.nmax, self.max_model_len, self.k)
         return [int(x) for x in out]
 
     def _draft(self, contexts: list[np.ndarray]) -> list[list[int]]:
         """k greedy tokens of the draft model for each context (batched, left-padded)."""
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         contexts = [np.asarray(c[-DRAFT_WINDOW:], dtype=np.int64) for c in contexts]

@@ -47,6 +47,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from sdlib.vllm.compat import batch_ngram_propose
+
 #: Separator between the driver's request id and the plan key.
 KEY_SEP = "@"
 
@@ -143,6 +145,7 @@ class _State:
 
     # ---- V2 (asynchronous, GPU) ---------------------------------------------------------------------
     def _set_v2_table(self, plans: ReplayPlans) -> None:
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         keys = sorted(plans.plans)
@@ -172,6 +175,7 @@ def _max_num_reqs(runner: Any) -> int:
 
 # --------------------------------------------------------------------------- hooks
 def _install_v1(runner: Any, st: _State) -> None:
+    # deferred: vllm takes seconds to import, and only this path needs it
     from vllm.v1.outputs import DraftTokenIds
 
     drafter = getattr(runner, "drafter", None)
@@ -273,7 +277,6 @@ def _install_v2(runner: Any, st: _State) -> None:
 def _v2_ngram_lookups(st: _State, rids: list[str]) -> None:
     """vLLM's n-gram look-up for every row, on the trace's tokens at the row's host-side position (each
     propose call is one verify step of the row, so the k-th call of a request is its plan's k-th step)."""
-    from sdlib.vllm.compat import batch_ngram_propose
 
     batch_propose_numba = batch_ngram_propose()  # vLLM's host look-up (< 0.34) or sdlib's copy of it (>= 0.34)
     nmin, nmax = st.plans.ngram

@@ -39,6 +39,7 @@ def self_check(method: str = "draft_model", k: int = 3, num_prompts: int = 4, ma
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     else:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
     from vllm import LLM, SamplingParams
 

@@ -18,6 +18,7 @@ import re
 import sys
 from typing import Any, Optional
 
+from sdlib.paths import resolve
 from sdlib.vllm.compat import COUNTER_NAMES, installed_version, speculative_config
 
 #: The module the server runs as (``vllm serve`` needs a metadata shim on the CPU build: FACTS.md).
@@ -68,8 +69,6 @@ def server_command(model, method, server, port: int, host: str = "127.0.0.1", py
     if server.enforce_eager:
         cmd.append("--enforce-eager")
     if model.tokenizer:
-        from sdlib.paths import resolve
-
         p = resolve(model.tokenizer)
         cmd += ["--tokenizer", str(p) if p.exists() else model.tokenizer]
     if model.skip_tokenizer_init:

@@ -26,6 +26,7 @@ import warnings
 from typing import Any
 
 from sdlib.config import WorkloadConfig
+from sdlib.workloads.chat import tokenize_prompt, uses_chat_template
 from sdlib.workloads.datasets import Prompt, WorkloadError, WorkloadWarning
 
 #: the fields a custom row may carry
@@ -43,6 +44,7 @@ def _row_ids(row: dict[str, Any], where: str) -> list[int]:
 def check_custom_rows(wl: WorkloadConfig) -> tuple[list[dict[str, Any]], int]:
     """The file's usable rows and how many were skipped (no prompt); WorkloadError naming file:line on a
     malformed row. Reads the file only (no tokenizer), so it runs before any engine starts."""
+    # deferred: sdlib.workloads.sources loads pydantic, and only this path needs it
     from sdlib.workloads.sources import read_file_rows
 
     p, rows = read_file_rows("custom", wl.path)
@@ -68,7 +70,7 @@ def check_custom_rows(wl: WorkloadConfig) -> tuple[list[dict[str, Any]], int]:
 
 def load_custom_prompts(wl: WorkloadConfig, tokenizer: Any = None) -> list[Prompt]:
     """``wl.num_requests`` prompts of a custom file, in seeded order, tokenized when a tokenizer is given."""
-    from sdlib.workloads.prompts import tokenize_prompt, uses_chat_template
+    # deferred: sdlib.workloads.prompts loads pydantic, and only this path needs it
 
     rows, skipped = check_custom_rows(wl)
     order = list(range(len(rows)))

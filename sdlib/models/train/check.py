@@ -23,18 +23,21 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from sdlib.core.registry import method_spec
 from sdlib.models.train.prepare import heldout_prompts
 from sdlib.models.train.presets import SWEEP_SEED
-from sdlib.core.registry import method_spec
 from sdlib.paths import REPO_ROOT
-
+from sdlib.vllm.compat import read_spec_counters
+from sdlib.vllm.engine import EngineSettings, close_engine, greedy_outputs, make_engine
 
 
 def check_prompts(tokenizer_dir: Path, n: int) -> list[list[int]]:
     """``n`` chat-templated prompts, cycling: ShareGPT-like, a HumanEval problem, a code edit
     (the sweep's first, held out), a story request; each cut to 400 tokens."""
+    # deferred: transformers takes seconds to import, and only this path needs it
     from transformers import AutoTokenizer
 
+    # deferred: sdlib.workloads loads pandas and the dataset readers, and only this path needs it
     from sdlib.workloads import HUMANEVAL_PREFIX, codeedit, format_code_prompt
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -57,10 +60,8 @@ def check_prompts(tokenizer_dir: Path, n: int) -> list[list[int]]:
 def check_one(models: Path, method: str, k: int, n: int, max_tokens: int,
               data_dir: Optional[Path] = None, max_prompt_len: int = 512) -> dict:
     """One vLLM engine (CPU build) in this process: greedy outputs and spec-decode counters."""
+    # deferred: transformers takes seconds to import, and only this path needs it
     from transformers import AutoTokenizer
-
-    from sdlib.vllm.compat import read_spec_counters
-    from sdlib.vllm.engine import EngineSettings, close_engine, greedy_outputs, make_engine
 
     settings = EngineSettings(dtype="bfloat16", max_model_len=1024, gpu_memory_utilization=0.2,
                               enforce_eager=True, max_num_seqs=max(4, n), seed=0)

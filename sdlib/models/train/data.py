@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from sdlib.models.train.files import load_npy_gz
 from sdlib.models.train.presets import SOURCES
 
@@ -22,7 +24,7 @@ class Windows:
     """Token windows that start at document starts (so at position 0 with ``<s>``)."""
 
     def __init__(self, data_dir: Path, device, seq_len: int, seed: int):
-        import numpy as np
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         self.tokens = load_npy_gz(data_dir / "train_tokens.npy.gz")
@@ -43,14 +45,13 @@ class Windows:
 
     def reseed(self, seed: int) -> None:
         """Restart the epoch order from ``seed`` (each stage has its own)."""
-        import numpy as np
 
         self.rng = np.random.default_rng(seed)
         self.perm, self.pos, self.epoch = self.rng.permutation(len(self.starts)), 0, 0
 
     def batch(self, B: int, extra: int = 0):
         """(B, seq_len + extra) token ids (int64) on the device (``extra`` <= 1)."""
-        import numpy as np
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         idx = []
@@ -65,7 +66,7 @@ class Windows:
 
     def heldout(self, n: int):
         """(ids, source of each token) for up to ``n`` windows, round-robin over sources."""
-        import numpy as np
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         by_src = [np.flatnonzero(self.h_docs[:, 2] == s) for s in range(len(SOURCES))]

@@ -36,6 +36,7 @@ def export_state(component: str, module, draft_ids: Optional[list[int]], vocab: 
     trained function with no scale. The target's and the draft's names are
     transformers' own (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``).
     """
+    # deferred: torch takes seconds to import, and only this path needs it
     import torch
 
     sd = {}
@@ -72,6 +73,7 @@ def save_folder(out_dir: Path, component: str, sd: dict, data_dir: Path, prep: d
     """Write ``out_dir/component`` atomically: weights ``sd``, the config files ``prepare`` kept,
     the tokenizer files the tinymodels folder had, and ``make_card(params, weights_bytes)``
     as ``sdlib_model.json``. Returns the number of (floating-point) parameters."""
+    # deferred: safetensors is slow to import, and only this path needs it
     from safetensors.torch import save_file
 
     check_layout(sd, prep["layout"][component])

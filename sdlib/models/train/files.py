@@ -8,13 +8,14 @@ Usage:
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -26,15 +27,6 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_gz(path: Path, data: bytes) -> None:
     """gzip with mtime 0 and no file name, so equal data give equal bytes."""
     with open(path, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as gz:
@@ -43,7 +35,6 @@ def write_gz(path: Path, data: bytes) -> None:
 
 def save_npy_gz(path: Path, arr) -> None:
     """``.npy`` inside gzip (see :func:`write_gz`)."""
-    import numpy as np
 
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -52,7 +43,6 @@ def save_npy_gz(path: Path, arr) -> None:
 
 def load_npy_gz(path: Path):
     """The array :func:`save_npy_gz` wrote."""
-    import numpy as np
 
     with gzip.open(path, "rb") as gz:
         return np.load(io.BytesIO(gz.read()), allow_pickle=False)

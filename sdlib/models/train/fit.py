@@ -112,6 +112,7 @@ def fit(data_dir: Path, out_dir: Path, cfg: FitConfig, pack_dir: Optional[Path] 
     also writes ``sdlib_models.tar.gz.partNN`` (<= 15 MB each) and ``train_log.json``
     there; without, the log goes to ``<out_dir>_train_log.json`` beside ``out_dir``.
     """
+    # deferred: sdlib.models.train.trainer loads torch, and only this path needs it
     from sdlib.models.train.trainer import Trainer
 
     prep = json.loads((Path(data_dir) / "prepare.json").read_text())

@@ -24,6 +24,7 @@ from sdlib.models.train.modules import init_weights
 def new_llama(cfg: dict, seed: int, std: float | None = None):
     """A float32 ``LlamaForCausalLM`` (SDPA attention) for ``cfg`` with seeded Normal(0, std) weights
     (``std``: default the config's ``initializer_range``)."""
+    # deferred: transformers takes seconds to import, and only this path needs it
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model = LlamaForCausalLM(LlamaConfig.from_dict(cfg, attn_implementation="sdpa")).float()

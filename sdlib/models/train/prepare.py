@@ -31,14 +31,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sdlib.models import tinymodels as tm
 from sdlib.models.train import corpus
-from sdlib.models.train.files import load_npy_gz, save_npy_gz, sha256, utc_now, write_gz, write_json
-from sdlib.models.train.presets import DATA_FORMAT, MODEL_COMPONENTS, PRESETS, SOURCES, SWEEP_SEED, CorpusPlan
+from sdlib.models.train.files import (
+    load_npy_gz,
+    save_npy_gz,
+    utc_now,
+    write_gz,
+    write_json,
+)
+from sdlib.models.train.presets import (
+    DATA_FORMAT,
+    MODEL_COMPONENTS,
+    PRESETS,
+    SOURCES,
+    SWEEP_SEED,
+    CorpusPlan,
+)
 
 
 def weight_layout(folder: Path) -> dict[str, dict[str, Any]]:
     """Tensor names -> shape and dtype of a safetensors file."""
+    # deferred: safetensors is slow to import, and only this path needs it
     from safetensors import safe_open
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
@@ -54,8 +70,10 @@ def prepare(out: Path, preset: str = "default", seed: int = 0, heldout_seed: int
     tokenizer corpus and the code edits come from the running stdlib). Returns
     the summary also written to ``out/prepare.json``.
     """
-    import numpy as np
+    # deferred: transformers takes seconds to import, sdlib.store loads pandas, and only this path needs them
     from transformers import AutoTokenizer
+
+    from sdlib.store.files import sha256_file
 
     t0 = time.perf_counter()
     out = Path(out)
@@ -81,9 +99,11 @@ def prepare(out: Path, preset: str = "default", seed: int = 0, heldout_seed: int
             for p in paths[c].iterdir():
                 if p.name != "model.safetensors" and p.name not in tok_files:
                     shutil.copyfile(p, dst / p.name)
+        # deferred: safetensors is slow to import, and only this path needs it
         from safetensors.torch import load_file
 
         e3 = load_file(str(paths["eagle3"] / "model.safetensors"))
+        # deferred: torch takes seconds to import, and only this path needs it
         import torch
 
         draft_ids = ((e3["d2t"] + torch.arange(e3["d2t"].numel())).tolist()
@@ -207,7 +227,7 @@ def prepare(out: Path, preset: str = "default", seed: int = 0, heldout_seed: int
         "files": files,
         "layout": layout,
         "tinymodels_manifest": manifest,
-        "sha256": {p.name: sha256(p) for p in sorted(out.glob("*.gz"))},
+        "sha256": {p.name: sha256_file(p) for p in sorted(out.glob("*.gz"))},
         "prepare_s": round(time.perf_counter() - t0, 2),
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "transformers": __import__("transformers").__version__},

@@ -23,20 +23,23 @@ import platform
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+import numpy
 import torch
 
 from sdlib.models.train import acceptance, export, objectives
 from sdlib.models.train.cards import model_card
 from sdlib.models.train.data import Windows
 from sdlib.models.train.files import utc_now, write_json
-from sdlib.models.train.fit import FitConfig
 from sdlib.models.train.llama import lm_features, lm_logits, new_llama
 from sdlib.models.train.modules import head_from_config, init_weights
 from sdlib.models.train.prepare import heldout_prompts
 from sdlib.models.train.presets import MODEL_COMPONENTS, SOURCES
 from sdlib.models.train.stage import train_stage
+
+if TYPE_CHECKING:  # an annotation only (fit.py, which defines it, runs this module)
+    from sdlib.models.train.fit import FitConfig
 
 
 class Trainer:
@@ -75,8 +78,6 @@ class Trainer:
 
     @staticmethod
     def _versions() -> dict:
-        import numpy
-
         return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}
 
     def autocast(self):

@@ -25,12 +25,22 @@ Usage:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Optional, Sequence
 
 import numpy as np
 
 from sdlib.core.registry import KMAX, PolicySpec, register_policy
-from sdlib.sim.policy.walk import EAGLE, NGRAM, Policy, PolicyInputs, PolicySteps, capped, walk
+from sdlib.paths import CACHE_DIR
+from sdlib.sim.policy.walk import (
+    EAGLE,
+    NGRAM,
+    Policy,
+    PolicyInputs,
+    PolicySteps,
+    capped,
+    walk,
+)
 
 #: The model drafter's k (the rule's threshold) and the suffix parameters (ArcticInference config v0.1.0 L58-64).
 ARCTIC_MODEL_K = 3
@@ -192,9 +202,6 @@ def add_suffix_features(inp: PolicyInputs, min_match: int = ARCTIC_MODEL_K + 1) 
 
 def _cache_path(inp: PolicyInputs, min_match: int):
     """The suffix arrays are slow to make (~20 s for the reference traces): cached by the tokens and settings."""
-    import hashlib
-
-    from sdlib.paths import CACHE_DIR
 
     h = hashlib.sha256(repr((CACHE_VERSION, min_match, inp.kmax, MIN_TOKEN_PROB, MAX_DEPTH)).encode())
     for i in range(len(inp.prep)):

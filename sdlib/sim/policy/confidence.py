@@ -38,11 +38,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sdlib.models.train.files import sha256
+from sdlib.core.bootstrap import wilson
+from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.paths import resolve
 from sdlib.sim.policy.online import OnlinePolicy
-from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, price_table, walk
+from sdlib.store.files import sha256_file
 
 CALIBRATED, RAW, WITH_ONLINE = "online-confidence", "online-confidence-raw", "online-with-confidence"
 VARIANTS = (CALIBRATED, RAW, WITH_ONLINE)
@@ -64,6 +65,7 @@ def _bin(c, bins: int) -> np.ndarray:
 def read_confidences(path: str | Path) -> tuple[str, dict[str, list[list[float]]], dict]:
     """(dataset, {request id: conf rows}, provenance) of a confidence file written by ``sdlib confidences``
     (:func:`sdlib.run.confidences.write_confidences`)."""
+    # deferred: sdlib.sim.traces loads pandas, and only this path needs it
     from sdlib.sim.traces import provenance_path
 
     p = resolve(str(path))
@@ -81,7 +83,7 @@ def load_confidences(spec: str, k: Optional[int] = None, traces: Optional[str] =
     files = sorted({f for pat in spec.split(",") for f in glob.glob(pat)})
     if not files:
         raise ConfidenceError(f"no file matches {spec!r}")
-    shas = {Path(f).resolve(): sha256(Path(f)) for pat in traces.split(",") for f in glob.glob(pat)} if traces else None
+    shas = {Path(f).resolve(): sha256_file(Path(f)) for pat in traces.split(",") for f in glob.glob(pat)} if traces else None
     out = {}
     for f in files:
         try:
@@ -165,9 +167,8 @@ def reliability(inp: PolicyInputs, bins: int = 10):
     """Per dataset and confidence bin: drafts reached (``n``), accepted, the acceptance rate and its Wilson
     95% interval (``rate_lo``, ``rate_hi``), and the mean confidence in the bin (a reliability table: a
     calibrated confidence has ``rate`` = ``conf``)."""
+    # deferred: pandas is slow to import, and only this path needs it
     import pandas as pd
-
-    from sdlib.analysis.intervals import wilson
 
     rows = []
     for ds in dict.fromkeys(inp.prep.dataset):
@@ -198,6 +199,7 @@ class Calibration:
         self.maps: list[np.ndarray] = []
         self.fold = np.zeros(len(inp.prep), np.int64)
         if calibrated:
+            # deferred: sdlib.sim.policy.training loads pandas, and only this path needs it
             from sdlib.sim.policy.training import N_FOLDS, folds
 
             self.fold = folds(inp)  # the online predictor's folds too

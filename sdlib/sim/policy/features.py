@@ -99,6 +99,7 @@ def add_features(inp) -> None:
     positions x :data:`STATIC_FEATURES`)."""
     if "static_X" in inp.extra:
         return
+    # deferred: sdlib.sim.policy.walk loads pandas, and only this path needs it
     from sdlib.sim.policy.walk import KMAX
 
     prep = inp.prep

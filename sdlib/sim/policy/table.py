@@ -30,9 +30,9 @@ import pandas as pd
 
 from sdlib.core import bootstrap
 from sdlib.core.registry import KMAX, BuildRequest, PolicyRef, expand_policies
-from sdlib.sim.prepared import PreparedTraces
 from sdlib.sim.policy.training import ensure_predictor
 from sdlib.sim.policy.walk import PolicyInputs, PolicySteps, no_sd_times, request_times
+from sdlib.sim.prepared import PreparedTraces
 
 #: Columns of the policy table (``sdlib simulate --out``).
 TABLE_COLUMNS = ["dataset", "policy", "family", "batch_size", "cost_model", "speedup", "speedup_lo", "speedup_hi",
@@ -73,6 +73,7 @@ def simulate_policies(prep: PreparedTraces, policies: Sequence[str | PolicyRef],
     inp = PolicyInputs.of(prep, kmax)
     refs = resolve_refs(policies, inp.kmax)
     if confidences is not None and any("confidences" in r.spec.needs for r in refs):
+        # deferred: sdlib.sim.policy.confidence loads pandas, and only this path needs it
         from sdlib.sim.policy.confidence import attach_confidences
 
         attach_confidences(inp, confidences)

@@ -30,8 +30,15 @@ import numpy as np
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B
 from sdlib.sim.policy.features import add_features
 from sdlib.sim.policy.online import OnlinePolicy, models_from_dict, models_to_dict
+from sdlib.sim.policy.predictor import (
+    DEPTH,
+    FEATURES,
+    HazardModel,
+    fit_hazard,
+    hazard_rows,
+    mean_log_loss,
+)
 from sdlib.sim.policy.walk import PolicyInputs, walk
-from sdlib.sim.policy.predictor import DEPTH, FEATURES, HazardModel, fit_hazard, hazard_rows, mean_log_loss
 
 #: Batch sizes whose trajectories train the predictor (authors' cost model).
 TRAIN_CONFIGS = (1, 32)
@@ -139,6 +146,7 @@ def save_predictor(pred: Predictor, path: str | Path, requests=None, producer: O
     the command that wrote it (``sdlib simulate ... --save-predictor PATH``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # deferred: sdlib.store loads pandas, and only this path needs it
     from sdlib.store import git_commit, utc_now
 
     info = {**pred.info, "written_at": utc_now(), "git_commit": git_commit()}

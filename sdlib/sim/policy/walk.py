@@ -31,6 +31,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sdlib.core.registry import KMAX
+from sdlib.sim.conventions import (
+    AUTHORS_NGRAM_MATCH_DEFAULT,
+    AUTHORS_NGRAM_MATCH_PROB,
+    CORRECTED,
+)
 from sdlib.sim.costmodel import StepCostModel
 from sdlib.sim.prepared import PreparedTraces
 
@@ -309,7 +314,6 @@ def position_steps(inp: PolicyInputs, kind: str, drafter: Optional[str] = None, 
     charge and output length, the n-gram's no-match rule (``authors``: a step with ``acc`` 1 matches with the
     dataset's probability, taken in expectation as two weighted rows) and whether an idle look-up is charged.
     """
-    from sdlib.sim.conventions import AUTHORS_NGRAM_MATCH_DEFAULT, AUTHORS_NGRAM_MATCH_PROB, CORRECTED
 
     conv = CORRECTED if convention is None else convention
     if conv.index_shift:
