@@ -36,13 +36,7 @@ from pydantic.dataclasses import dataclass
 import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)
 from sdlib.core.registry import METHODS as METHOD_SPECS
 from sdlib.core.registry import POLICIES as POLICY_SPECS
-from sdlib.core.registry import (
-    RegistryError,
-    engine_label,
-    method_spec,
-    replay_names,
-    replay_ref,
-)
+from sdlib.core.registry import RegistryError, engine_label, method_spec, replay_names, replay_ref
 from sdlib.models.shapes import shape_files
 from sdlib.paths import SWEEPS_DIR, hub_repo_cache, repo_relative, resolve, results_base
 from sdlib.sim import replay as sim_replay
@@ -650,10 +644,16 @@ def _one_line(err: ValidationError) -> str:
 
 def parse_sweep(data: dict[str, Any]) -> SweepConfig:
     """Build and validate a :class:`SweepConfig` from a plain dict."""
+    return parse_config(SweepConfig, data)
+
+
+def parse_config(cls, data: dict[str, Any]):
+    """Build and validate the config dataclass ``cls`` (a sweep's, a serving sweep's) from a plain dict; any
+    error is one :class:`ConfigError` line naming the field."""
     if not isinstance(data, dict):
         raise ConfigError("config: expected a mapping at the top level")
     try:
-        return SweepConfig(**data)
+        return cls(**data)
     except ValidationError as err:
         raise ConfigError(_one_line(err)) from None
     except TypeError as err:  # unexpected keyword at the top level

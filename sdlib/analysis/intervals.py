@@ -41,12 +41,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.analysis.measures import (
-    KEYS,
-    acceptance_by_method,
-    speedup_table,
-    throughput_table,
-)
+from sdlib.analysis.measures import KEYS, acceptance_by_method, speedup_table, throughput_table
 from sdlib.core import bootstrap
 from sdlib.core.bootstrap import LEVEL, MIN_UNITS, N_BOOT, n_blocks
 from sdlib.core.crossover import crossover_table

@@ -20,14 +20,7 @@ from sdlib.commands.report import ReportCommand
 from sdlib.commands.selfcheck import SelfCheckCommand
 from sdlib.commands.serve import ServeCommand
 from sdlib.commands.simulate import SimulateCommand
-from sdlib.commands.sweep import (
-                                  CleanCommand,
-                                  PlanCommand,
-                                  RekeyCommand,
-                                  StatusCommand,
-                                  SweepCommand,
-                                  ValidateCommand,
-)
+from sdlib.commands.sweep import CleanCommand, PlanCommand, RekeyCommand, StatusCommand, SweepCommand, ValidateCommand
 from sdlib.commands.traces import TracesCommand
 from sdlib.commands.train import TrainCommand
 

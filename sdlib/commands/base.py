@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 
@@ -119,3 +120,20 @@ class Command:
     def run(self) -> int:
         """Do the work; the exit code."""
         raise NotImplementedError(f"sdlib {self.parser_name}: give a step (see --help)")
+
+
+@dataclass
+class ConfigCommand(Command):
+    """A command on one config file and its results folder: ``CONFIG`` and ``--results-dir``, with the help
+    texts of :attr:`config_help` and :attr:`results_help`; a subclass adds its own options after them."""
+
+    config_help: ClassVar[str] = "sweep YAML"
+    results_help: ClassVar[str] = "the results folder (default: the config's)"
+
+    config: str
+    results_dir: Optional[str] = None
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("config", help=cls.config_help)
+        parser.add_argument("--results-dir", help=cls.results_help)

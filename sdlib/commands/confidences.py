@@ -32,9 +32,7 @@ class ConfidencesCommand(Command):
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        from sdlib.run import (
-            confidences as stage,  # numpy: its description, imported when this parser is built
-        )
+        from sdlib.run import confidences as stage  # numpy: its description, imported when this parser is built
 
         parser.description = stage.__doc__.split("\n\n")[0]
         parser.add_argument("--traces", required=True, help="one of our trace files (data/traces/*.jsonl.gz)")
@@ -44,9 +42,7 @@ class ConfidencesCommand(Command):
         parser.add_argument("--out", required=True, help="output JSONL.gz (a provenance JSON is written beside it)")
 
     def run(self) -> int:
-        from sdlib.run.confidences import (
-            write_confidences,  # numpy (torch as it loads): only when the command runs
-        )
+        from sdlib.run.confidences import write_confidences  # numpy (torch as it loads): only when the command runs
 
         try:  # the provenance records `sdlib confidences <these arguments>`
             info = write_confidences(self.traces, self.models, self.out, self.k,

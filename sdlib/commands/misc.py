@@ -46,9 +46,7 @@ class SchemaCommand(Command):
     parser_help = "print every table's columns as Markdown (for data/README.md)"
 
     def run(self) -> int:
-        from sdlib.store.schema import (
-            readme_markdown,  # pandas, pyarrow: only when the command runs
-        )
+        from sdlib.store.schema import readme_markdown  # pandas, pyarrow: only when the command runs
 
         print(readme_markdown())
         return 0

@@ -35,9 +35,7 @@ class SelfCheckCommand(Command):
                                  "parallel")
 
     def run(self) -> int:
-        from sdlib.vllm.selfcheck import (
-            self_check,  # pandas, and vLLM: imported only when the command runs
-        )
+        from sdlib.vllm.selfcheck import self_check  # pandas, and vLLM: imported only when the command runs
 
         res = self_check(self.method, enforce_eager=True if self.eager else None, remote=self.remote)
         print("RESULT " + json.dumps(res), flush=True)

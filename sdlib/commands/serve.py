@@ -17,11 +17,11 @@ import argparse
 from dataclasses import dataclass
 from typing import Optional
 
-from sdlib.commands.base import Command
+from sdlib.commands.base import ConfigCommand
 
 
 @dataclass
-class ServeCommand(Command):
+class ServeCommand(ConfigCommand):
     """``sdlib serve CONFIG``: a serving sweep (a bad config: one line, exit 2, through :func:`sdlib.cli.main`)."""
 
     parser_name = "serve"
@@ -38,9 +38,9 @@ class ServeCommand(Command):
         "provenance.json and logs/ (one log per server). Finished cells are skipped on a rerun.")
     epilog = "Exit codes: 0 done (failures recorded), 1 with --strict and a failed cell, 2 bad config."
     formatter_class = argparse.RawDescriptionHelpFormatter
+    config_help = "serving YAML, e.g. configs/embedded_serving.yaml"
+    results_help = "override the config's results_dir"
 
-    config: str
-    results_dir: Optional[str] = None
     only: Optional[list[str]] = None
     skip_failed: bool = False
     strict: bool = False
@@ -49,14 +49,12 @@ class ServeCommand(Command):
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        ap = parser
-        ap.add_argument("config", help="serving YAML, e.g. configs/embedded_serving.yaml")
-        ap.add_argument("--results-dir", help="override the config's results_dir")
-        ap.add_argument("--only", action="append", help="only this method label or fleet name (repeatable)")
-        ap.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
-        ap.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
-        ap.add_argument("--status", action="store_true", help="list cells done / failed / to do; start nothing")
-        ap.add_argument("--quiet", action="store_true", help="do not echo server output")
+        super().add_cli_args(parser)
+        parser.add_argument("--only", action="append", help="only this method label or fleet name (repeatable)")
+        parser.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
+        parser.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
+        parser.add_argument("--status", action="store_true", help="list cells done / failed / to do; start nothing")
+        parser.add_argument("--quiet", action="store_true", help="do not echo server output")
 
     def run(self) -> int:
         # pydantic, pandas and the aiohttp client: imported only when the command runs

@@ -174,12 +174,7 @@ class SimulateCommand(Command):
     def _predictor(self, prep, k):
         # deferred: sdlib.sim.policy.features loads pandas, and only this path needs it
         from sdlib.sim.policy.features import add_features
-        from sdlib.sim.policy.training import (
-            REFERENCE_PREDICTOR,
-            crossfit,
-            load_predictor,
-            save_predictor,
-        )
+        from sdlib.sim.policy.training import REFERENCE_PREDICTOR, crossfit, load_predictor, save_predictor
         from sdlib.sim.policy.walk import PolicyInputs
 
         inp = PolicyInputs.of(prep, k)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from sdlib.commands.base import Command, UsageError
+from sdlib.commands.base import Command, ConfigCommand, UsageError
 from sdlib.paths import RESULTS_RULE
 
 if TYPE_CHECKING:
@@ -120,17 +120,22 @@ def _confirm(prompt: str, yes: bool) -> bool:
 
 
 @dataclass
-class SweepCommand(Command):
+class SweepFileCommand(ConfigCommand):
+    """A command on one sweep config and its results folder (paths explained under ``--help``)."""
+
+    epilog = PATHS_HELP
+
+
+@dataclass
+class SweepCommand(SweepFileCommand):
     """``sdlib sweep CONFIG``: run (or resume) every unfinished cell of a sweep config."""
 
     parser_name = "sweep"
     parser_help = "run or resume a sweep (skips finished cells)"
     description = ("Run every unfinished cell of a sweep config; reads the config and its models and workloads, "
                    "writes <results_dir>/<name>/ (tables, provenance.json, logs/).")
-    epilog = PATHS_HELP
+    results_help = "write under this folder instead of the config's results_dir"
 
-    config: str
-    results_dir: Optional[str] = None
     methods: Optional[list[str]] = None
     method: Optional[list[str]] = None
     batch_sizes: Optional[list[int]] = None
@@ -147,25 +152,23 @@ class SweepCommand(Command):
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        s = parser
-        s.add_argument("config", help="sweep YAML")
-        s.add_argument("--results-dir", help="write under this folder instead of the config's results_dir")
-        s.add_argument("--methods", type=_names, help="only these methods (labels, names or engines, comma-separated)")
-        s.add_argument("--method", action="append", help=argparse.SUPPRESS)
-        s.add_argument("--batch-sizes", type=_ints, help="only these batch sizes of the config (e.g. 1,8)")
-        s.add_argument("--datasets", type=_names, help="only these workloads of the config")
-        s.add_argument("--num-requests", type=_count, help="every workload measures this many requests (a new "
+        super().add_cli_args(parser)
+        parser.add_argument("--methods", type=_names, help="only these methods (labels, names or engines, comma-separated)")
+        parser.add_argument("--method", action="append", help=argparse.SUPPRESS)
+        parser.add_argument("--batch-sizes", type=_ints, help="only these batch sizes of the config (e.g. 1,8)")
+        parser.add_argument("--datasets", type=_names, help="only these workloads of the config")
+        parser.add_argument("--num-requests", type=_count, help="every workload measures this many requests (a new "
                                                         "config: its cells differ from the file's)")
-        s.add_argument("--dry-run", action="store_true", help="print the cells and engines it would run; start nothing")
-        s.add_argument("--verbose", action="store_true", help="show the engines' own output (always in logs/)")
-        s.add_argument("--no-summary", dest="summary", action="store_false", help="no summary table at the end")
-        s.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
-        s.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
-        s.add_argument("--plan-minutes", metavar="N",
+        parser.add_argument("--dry-run", action="store_true", help="print the cells and engines it would run; start nothing")
+        parser.add_argument("--verbose", action="store_true", help="show the engines' own output (always in logs/)")
+        parser.add_argument("--no-summary", dest="summary", action="store_false", help="no summary table at the end")
+        parser.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
+        parser.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
+        parser.add_argument("--plan-minutes", metavar="N",
                        help="run only the whole blocks (model, dataset, batch size: every arm) that sdlib plan "
                             "--gpu-minutes N selects; done cells are skipped, so rerunning takes the next blocks")
-        s.add_argument("--priority", help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
-        s.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")
+        parser.add_argument("--priority", help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
+        parser.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")
 
     def run(self) -> int:
         # the planner, the supervisor and the store (pandas): imported only when the command runs
@@ -299,25 +302,24 @@ class PlanCommand(Command):
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        pl = parser
-        pl.add_argument("config", nargs="?", help="sweep YAML")
-        pl.add_argument("--gpu-minutes", metavar="N", help="budget: the blocks that fit in N minutes")
-        pl.add_argument("--priority", help="block order: dataset (default: the config's datasets, then batch sizes), "
+        parser.add_argument("config", nargs="?", help="sweep YAML")
+        parser.add_argument("--gpu-minutes", metavar="N", help="budget: the blocks that fit in N minutes")
+        parser.add_argument("--priority", help="block order: dataset (default: the config's datasets, then batch sizes), "
                                            "bs (batch sizes first), or a list of datasets, batch sizes, dataset:bs")
-        pl.add_argument("--batch-sizes", type=_ints, help="only blocks at these batch sizes of the config")
-        pl.add_argument("--datasets", type=_names, help="only blocks of these workloads of the config")
-        pl.add_argument("--results-dir", help="the results folder whose done cells are skipped (default: the config's)")
-        pl.add_argument("--from-scratch", action="store_true", help="plan every cell, as if none were done")
-        pl.add_argument("--cells", action="store_true", help="also print every cell's estimate")
-        pl.add_argument("--cost-model",
+        parser.add_argument("--batch-sizes", type=_ints, help="only blocks at these batch sizes of the config")
+        parser.add_argument("--datasets", type=_names, help="only blocks of these workloads of the config")
+        parser.add_argument("--results-dir", help="the results folder whose done cells are skipped (default: the config's)")
+        parser.add_argument("--from-scratch", action="store_true", help="plan every cell, as if none were done")
+        parser.add_argument("--cells", action="store_true", help="also print every cell's estimate")
+        parser.add_argument("--cost-model",
                         help="engine cost model JSON (default: data/costmodels/h200_replay_engine.json)")
-        pl.add_argument("--device", default="NVIDIA H200",
+        parser.add_argument("--device", default="NVIDIA H200",
                         help="device whose engine starts calibrate (default: %(default)s)")
-        pl.add_argument("--vllm-version", help="only engine starts recorded with this vLLM (default: any)")
-        pl.add_argument("--paper-matrix", action="store_true",
+        parser.add_argument("--vllm-version", help="only engine starts recorded with this vLLM (default: any)")
+        parser.add_argument("--paper-matrix", action="store_true",
                         help="the paper's full matrix (6 datasets, 5 methods, k 1-10, bs 1-512, 3 repeats, 8B and "
                              "70B shapes) in GPU-hours")
-        pl.add_argument("--measured", nargs="?", const="", metavar="DIR",
+        parser.add_argument("--measured", nargs="?", const="", metavar="DIR",
                         help="minutes each recorded invocation under DIR (default data/sweeps) used against its plan")
 
     def run(self) -> int:
@@ -370,9 +372,7 @@ class ValidateCommand(Command):
         parser.add_argument("config", help="sweep YAML")
 
     def run(self) -> int:
-        from sdlib.run.preflight import (
-            preflight,  # the workloads' loaders (pandas): only when the command runs
-        )
+        from sdlib.run.preflight import preflight  # the workloads' loaders (pandas): only when the command runs
 
         sweep = _load(self.config)
         preflight(sweep)
@@ -381,25 +381,16 @@ class ValidateCommand(Command):
 
 
 @dataclass
-class StatusCommand(Command):
+class StatusCommand(SweepFileCommand):
     """``sdlib status CONFIG``: cells done / failed / to do / stale."""
 
     parser_name = "status"
     parser_help = "cells done / failed / to do / stale"
-    epilog = PATHS_HELP
 
-    config: str
-    results_dir: Optional[str] = None
-
-    @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("config", help="sweep YAML")
-        parser.add_argument("--results-dir", help="the results folder the sweep was run with (default: the config's)")
+    results_help = "the results folder the sweep was run with (default: the config's)"
 
     def run(self) -> int:
-        from sdlib.store import (
-            SweepStore,  # pandas, pyarrow: only when the command runs
-        )
+        from sdlib.store import SweepStore  # pandas, pyarrow: only when the command runs
 
         sweep = _load(self.config, self.results_dir)
         store = SweepStore(sweep.out_dir)
@@ -423,7 +414,7 @@ class StatusCommand(Command):
 
 
 @dataclass
-class CleanCommand(Command):
+class CleanCommand(SweepFileCommand):
     """``sdlib clean CONFIG``: delete cells' files: the stale cells (``--stale``) and the cells named (``--cell``).
     Lists them first and asks (or takes ``--yes``); never deletes a git-tracked file (committed results) unless
     its cell is named."""
@@ -434,30 +425,21 @@ class CleanCommand(Command):
                    "this config) and any cell named with --cell. It lists them and asks; without a terminal it "
                    "deletes only with --yes. Files git tracks (committed results) are never deleted unless their "
                    "cell is named with --cell.")
-    epilog = PATHS_HELP
 
-    config: str
-    results_dir: Optional[str] = None
     stale: bool = False
     cell: Optional[list[str]] = None
     yes: bool = False
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        c = parser
-        c.add_argument("config", help="sweep YAML")
-        c.add_argument("--results-dir", help="the results folder (default: the config's)")
-        c.add_argument("--stale", action="store_true", help="remove the cells of an older config (not in this one)")
-        c.add_argument("--cell", action="append", metavar="RUN_ID", help="remove this cell (repeatable), even if "
+        super().add_cli_args(parser)
+        parser.add_argument("--stale", action="store_true", help="remove the cells of an older config (not in this one)")
+        parser.add_argument("--cell", action="append", metavar="RUN_ID", help="remove this cell (repeatable), even if "
                        "git tracks its files")
-        c.add_argument("--yes", "-y", action="store_true", help="delete without asking")
+        parser.add_argument("--yes", "-y", action="store_true", help="delete without asking")
 
     def run(self) -> int:
-        from sdlib.store import (  # pandas, pyarrow: only when the command runs
-            FolderLock,
-            SweepBusy,
-            SweepStore,
-        )
+        from sdlib.store import FolderLock, SweepBusy, SweepStore  # pandas, pyarrow: only when the command runs
         from sdlib.store.provenance import git_tracked
 
         named = set(self.cell or [])
@@ -507,25 +489,16 @@ class CleanCommand(Command):
 
 
 @dataclass
-class RekeyCommand(Command):
+class RekeyCommand(SweepFileCommand):
     """``sdlib rekey CONFIG``: rename finished cells to the current run-id scheme (see sdlib.store.rekey)."""
 
     parser_name = "rekey"
     parser_help = "rename finished cells to the current run-id scheme (after an sdlib upgrade)"
-    epilog = PATHS_HELP
 
-    config: str
-    results_dir: Optional[str] = None
-
-    @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("config", help="sweep YAML (must equal the config the cells were measured under)")
-        parser.add_argument("--results-dir", help="the results folder (default: the config's)")
+    config_help = "sweep YAML (must equal the config the cells were measured under)"
 
     def run(self) -> int:
-        from sdlib.config import (
-            parse_sweep,  # pydantic, the policy registry (pandas): only when the command runs
-        )
+        from sdlib.config import parse_sweep  # pydantic, the policy registry (pandas): only when the command runs
         from sdlib.store import FolderLock, SweepBusy, SweepStore
         from sdlib.store.rekey import cell_coordinates, rekey
 

@@ -223,9 +223,7 @@ def t_quantile(p: float, df: float) -> float:
     """Student's t quantile (``scipy.stats.t.ppf``); NaN for ``df`` < 1."""
     if not df >= 1:
         return float("nan")
-    from scipy.stats import (
-        t,  # scipy.stats takes ~0.4 s to import; only the few-cluster intervals need it
-    )
+    from scipy.stats import t  # scipy.stats takes ~0.4 s to import; only the few-cluster intervals need it
 
     return float(t.ppf(p, df))
 

@@ -205,14 +205,7 @@ def training_corpus(cfg: CorpusConfig | None = None, seed: int = 0) -> list[str]
 
 def _train_tokenizer(docs: list[str], vocab_size: int):
     # deferred: tokenizers is slow to import, and only this path needs it
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

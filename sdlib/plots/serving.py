@@ -8,14 +8,14 @@ Usage:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from sdlib.analysis.serving import SLA, cost_per_million_tokens
 from sdlib.plots.style import log_axis_plain, new_figure
-from sdlib.plots.titles import _notes
+from sdlib.plots.titles import _notes, invocation_facts
 
 METRIC_NAMES = {"ttft": "TTFT", "itl": "ITL (per token)", "msg_itl": "ITL (per message)", "tpot": "TPOT",
                 "e2e": "end-to-end latency"}
@@ -26,12 +26,7 @@ def serving_title(store, what: str = "") -> str:
     from a serving sweep's provenance.json (store: :class:`sdlib.store.serving_store.ServingStore`)."""
     prov = store.read_provenance()
     cfg = prov.get("config", {})
-    cards: dict[str, Any] = {}
-    servers: list[dict] = []
-    for inv in prov.get("invocations", []):
-        cards.update(inv.get("models", {}))
-        servers += inv.get("servers", [])
-    models = [m.get("name") for m in cfg.get("models", []) if m.get("name")]
+    cards, servers, models = invocation_facts(prov, "servers")
     notes = _notes(cards, models)
     synthetic = any("synthetic" in str(m.get("options", {})) for m in cfg.get("methods", []))
     dummy = any(m.get("load_format") == "dummy" for m in cfg.get("models", []))

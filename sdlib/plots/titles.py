@@ -102,17 +102,24 @@ class SweepFacts:
         return bool(kinds) and all(v.startswith("synthetic") for v in kinds)
 
 
+def invocation_facts(prov: dict, processes: str = "engines") -> tuple[dict, list[dict], list[str]]:
+    """From a provenance.json (a sweep's or a serving sweep's): the model cards of every invocation, the records
+    of their ``processes`` (``engines`` or ``servers``) in order, and the config's model names."""
+    cards: dict[str, Any] = {}
+    procs: list[dict] = []
+    for inv in prov.get("invocations", []):
+        cards.update(inv.get("models", {}))
+        procs += inv.get(processes, [])
+    models = [m.get("name") for m in prov.get("config", {}).get("models", []) if m.get("name")]
+    return cards, procs, models
+
+
 def sweep_facts(store) -> SweepFacts:
     """:class:`SweepFacts` from a sweep folder's ``provenance.json`` (config, engines, model cards)."""
     store = store if isinstance(store, SweepStore) else SweepStore(store)
     prov = store.read_provenance()
     cfg = prov.get("config", {})
-    cards: dict[str, Any] = {}
-    engines: list[dict] = []
-    for inv in prov.get("invocations", []):
-        cards.update(inv.get("models", {}))
-        engines += inv.get("engines", [])
-    models = [m.get("name") for m in cfg.get("models", []) if m.get("name")]
+    cards, engines, models = invocation_facts(prov, "engines")
     methods = cfg.get("methods", [])
     return SweepFacts(
         name=prov.get("sweep", store.dir.name), models=models, weights=_notes(cards, models),

@@ -23,13 +23,7 @@ from sdlib.config import ConfigError, SweepConfig, hub_revision
 from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
-from sdlib.vllm.options import (
-    check_options,
-    cpu_kv_budget_bytes,
-    engine_fields,
-    kv_bytes_per_token,
-    speculative_fields,
-)
+from sdlib.vllm.options import check_options, cpu_kv_budget_bytes, engine_fields, kv_bytes_per_token, speculative_fields
 from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache

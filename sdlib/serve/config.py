@@ -29,12 +29,22 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from sdlib.config import (SERVING_ADDED_FIELDS, WORKLOAD_SELECTIONS, ConfigError, MethodConfig, ModelConfig,
-                           WorkloadConfig, _key_dict, _one_line, _slug, check_name,
-                          model_fingerprint)
+from sdlib.config import (
+    SERVING_ADDED_FIELDS,
+    WORKLOAD_SELECTIONS,
+    ConfigError,
+    MethodConfig,
+    ModelConfig,
+    WorkloadConfig,
+    _key_dict,
+    _slug,
+    check_name,
+    model_fingerprint,
+    parse_config,
+)
 from sdlib.paths import DATA_DIR, resolve
 
 #: Where serving sweeps write by default: ``data/serving/<name>/``.
@@ -308,14 +318,7 @@ class ServingConfig:
 
 def parse_serving(data: dict[str, Any]) -> ServingConfig:
     """Build and validate a :class:`ServingConfig` from a plain dict (one-line :class:`ConfigError`)."""
-    if not isinstance(data, dict):
-        raise ConfigError("config: expected a mapping at the top level")
-    try:
-        return ServingConfig(**data)
-    except ValidationError as err:
-        raise ConfigError(_one_line(err)) from None
-    except TypeError as err:
-        raise ConfigError(f"config: {err}") from None
+    return parse_config(ServingConfig, data)
 
 
 def load_serving(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> ServingConfig:

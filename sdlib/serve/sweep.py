@@ -50,13 +50,7 @@ from sdlib.store import git_commit, utc_now
 from sdlib.store.provenance import device_name
 from sdlib.store.schema import columns
 from sdlib.store.serving_store import SHARE_TABLES, ServingStore
-from sdlib.vllm.server import (
-    diff_spec_counters,
-    installed_vllm_version,
-    parse_metrics,
-    server_command,
-    spec_counters,
-)
+from sdlib.vllm.server import diff_spec_counters, installed_vllm_version, parse_metrics, server_command, spec_counters
 
 #: Builds a server's command line: (model, method, server settings, port) -> argv.
 Launcher = Callable[[Any, Any, ServerConfig, int], list[str]]

@@ -18,6 +18,7 @@ from sdlib.extract.ngram import TRACE_MAX_K
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel
 from sdlib.sim.prepared import PreparedTraces
 
+
 def leviathan_speedup(alpha, k, c):
     """Leviathan et al. (2023) expected walltime improvement ``(1-alpha**(k+1)) / ((1-alpha)*(k*c+1))``.
 

@@ -38,12 +38,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.paths import repo_relative, resolve
-from sdlib.sim.costmodel import (
-    AUTHORS_H100_LLAMA8B,
-    CostModel,
-    fit_diagnostics,
-    robust_lstsq,
-)
+from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B, CostModel, fit_diagnostics, robust_lstsq
 from sdlib.store import read_table
 
 

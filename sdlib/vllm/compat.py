@@ -287,9 +287,7 @@ def ngram_proposal(context, nmin: int, nmax: int, max_model_len: int, k: int) ->
     exists on every version.
     """
     # deferred: vllm takes seconds to import, and only this path needs it
-    from vllm.v1.spec_decode.ngram_proposer import (
-        _find_longest_matched_ngram_and_propose_tokens as lookup,
-    )
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
 
     return lookup(np.asarray(context, dtype=np.int32), nmin, nmax, max_model_len, k).tolist()
 
@@ -299,14 +297,10 @@ def ngram_lookup():
     where it exists (< 0.34), else the same function kept in :mod:`sdlib.vllm.ngram_host`."""
     try:
         # deferred: vllm takes seconds to import, and only this path needs it
-        from vllm.v1.spec_decode.ngram_proposer import (
-            _find_longest_matched_ngram_and_propose_tokens as lookup,
-        )
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
     except ImportError:  # vLLM >= 0.34
         # deferred: sdlib.vllm.ngram_host loads numba (seconds), and only vLLM >= 0.34 needs it
-        from sdlib.vllm.ngram_host import (
-            find_longest_matched_ngram_and_propose_tokens as lookup,
-        )
+        from sdlib.vllm.ngram_host import find_longest_matched_ngram_and_propose_tokens as lookup
     return lookup
 
 

@@ -19,9 +19,7 @@ def register() -> bool:
     """Register :data:`METHOD` if this vLLM takes out-of-tree speculators; True when registered."""
     try:
         # deferred: vllm takes seconds to import, and only this path needs it
-        from vllm.v1.worker.gpu.spec_decode.speculator_config import (
-            register_speculative_method,
-        )
+        from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
     except ImportError:  # vLLM < 0.34: custom_class takes sdlib's proposers directly
         return False
     register_speculative_method(METHOD, CONFIG)

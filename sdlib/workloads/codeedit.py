@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-
 #: The edit kinds, in a fixed order (each function gets the first that applies
 #: from a per-function shuffle of this tuple).
 EDIT_KINDS: tuple[str, ...] = ("rename_variable", "rename_function", "add_docstring", "change_constant")

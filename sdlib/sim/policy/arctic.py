@@ -32,15 +32,7 @@ import numpy as np
 
 from sdlib.core.registry import KMAX, PolicySpec, register_policy
 from sdlib.paths import CACHE_DIR
-from sdlib.sim.policy.walk import (
-    EAGLE,
-    NGRAM,
-    Policy,
-    PolicyInputs,
-    PolicySteps,
-    capped,
-    walk,
-)
+from sdlib.sim.policy.walk import EAGLE, NGRAM, Policy, PolicyInputs, PolicySteps, capped, walk
 
 #: The model drafter's k (the rule's threshold) and the suffix parameters (ArcticInference config v0.1.0 L58-64).
 ARCTIC_MODEL_K = 3

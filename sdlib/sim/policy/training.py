@@ -30,14 +30,7 @@ import numpy as np
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B
 from sdlib.sim.policy.features import add_features
 from sdlib.sim.policy.online import OnlinePolicy, models_from_dict, models_to_dict
-from sdlib.sim.policy.predictor import (
-    DEPTH,
-    FEATURES,
-    HazardModel,
-    fit_hazard,
-    hazard_rows,
-    mean_log_loss,
-)
+from sdlib.sim.policy.predictor import DEPTH, FEATURES, HazardModel, fit_hazard, hazard_rows, mean_log_loss
 from sdlib.sim.policy.walk import PolicyInputs, walk
 
 #: Batch sizes whose trajectories train the predictor (authors' cost model).

@@ -31,11 +31,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sdlib.core.registry import KMAX
-from sdlib.sim.conventions import (
-    AUTHORS_NGRAM_MATCH_DEFAULT,
-    AUTHORS_NGRAM_MATCH_PROB,
-    CORRECTED,
-)
+from sdlib.sim.conventions import AUTHORS_NGRAM_MATCH_DEFAULT, AUTHORS_NGRAM_MATCH_PROB, CORRECTED
 from sdlib.sim.costmodel import StepCostModel
 from sdlib.sim.prepared import PreparedTraces
 
