@@ -24,7 +24,7 @@ Usage:
 
 Options: --out DIR (default .gpu34), --cache DIR (wheels + stage; default /tmp/sdlib-gpu34), --part-mib N
 (default 36: a part + the repository's travelling tree must stay under 64 MiB), --no-fatbin-prune,
---xz-level (default -9e), --reuse. Never commit OUT or the cache.
+--xz-level (default -6), --reuse. Never commit OUT or the cache.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ Usage:
     python3.12 gpu/build_stack.py --stage-only site   # the pruned site in /tmp/sdlib-gpu34/stage/site
     python3 gpu/check_here.py --python /tmp/img/bin/python --site /tmp/sdlib-gpu34/stage/site
     # or the site as the H200 gets it: unpack the parts with gpu/stage.sh, then --site /tmp/sdlib034/site
+    python3 gpu/check_here.py --without compressed_tensors,cutlass ...   # what a build lacking them gets: FAILED
+    # on the H200 after `source gpu/stage.sh .gpu34` (the image itself, the real driver; ~1 min):
+    python3 gpu/check_here.py --on-gpu --python python3 --site /tmp/sdlib034/site
 """
 
 from __future__ import annotations
@@ -156,15 +159,16 @@ class Without:  # --without: these packages behave as absent (how a build that l
 
 sys.meta_path.insert(0, Without())
 import torch
-import vllm.platforms as P
-from vllm.platforms.cuda import CudaPlatform
-from vllm.platforms.interface import DeviceCapability
-P._current_platform = CudaPlatform()
-CudaPlatform.get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(9, 0))
-CudaPlatform.get_device_name = classmethod(lambda cls, device_id=0: "NVIDIA H200")
-torch.cuda.get_device_capability = lambda d=None: (9, 0)
-torch.cuda.is_available = lambda: True
-torch.cuda.device_count = lambda: 1
+if not arg["on_gpu"]:  # no driver here: the H200's platform and capability
+    import vllm.platforms as P
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+    P._current_platform = CudaPlatform()
+    CudaPlatform.get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(9, 0))
+    CudaPlatform.get_device_name = classmethod(lambda cls, device_id=0: "NVIDIA H200")
+    torch.cuda.get_device_capability = lambda d=None: (9, 0)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
 out = {"versions": {}, "core": {}, "calls": {}, "lazy": {"statements": 0, "targets": 0, "ok": 0,
        "missing": collections.defaultdict(list), "other": collections.defaultdict(list)},
        "walk": {"ok": 0, "other": 0, "missing": collections.defaultdict(list)}}
@@ -209,7 +213,7 @@ from vllm.plugins import load_general_plugins
 from vllm.utils.import_utils import resolve_obj_by_qualname
 from vllm.v1.worker.gpu.spec_decode import speculator_config as SC
 eps = sorted(f"{e.name}={e.value}" for e in metadata.entry_points(group="vllm.general_plugins"))
-call("vllm general plugins", lambda: (load_general_plugins(), f"entry points {eps}")[1])
+call("vllm general plugins", lambda: (load_general_plugins(), f"entry points {[e.split('=')[0] for e in eps]}")[1])
 if "sdlib_custom" not in SC.registered_speculative_methods():
     if any(e.startswith("sdlib=") for e in eps):
         out["calls"]["sdlib entry point registers sdlib_custom"] = "FAILED: the entry point ran, sdlib_custom absent"
@@ -399,6 +403,8 @@ def main(argv=None) -> int:
     ap.add_argument("--python", required=True, help="the image copy's python (a 3.12 virtualenv)")
     ap.add_argument("--site", default="/tmp/sdlib-gpu34/stage/site")
     ap.add_argument("--json", help="also write the child's full result here")
+    ap.add_argument("--on-gpu", action="store_true",
+                    help="on a GPU machine (the H200 after gpu/stage.sh): the real driver, no stub, no platform mock")
     ap.add_argument("--without", help="comma-separated top-level packages to treat as absent (shows what the check "
                     "says about a build that lacks them, e.g. --without compressed_tensors,cutlass)")
     ap.add_argument("--rounds", type=int, default=LAZY_ROUNDS,
@@ -408,11 +414,12 @@ def main(argv=None) -> int:
     if not (site / "vllm").is_dir():
         print(f"check_here: {site} has no vllm/: not a staged site", file=sys.stderr)
         return 2
-    stub = libcuda_stub(site, Path(tempfile.mkdtemp(prefix="cudastub-")))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(site_pythonpath(site) + [str(ROOT)]),
-               LD_LIBRARY_PATH=str(stub), VLLM_USE_FLASHINFER_SAMPLER="0", HF_HUB_OFFLINE="1",
+               VLLM_USE_FLASHINFER_SAMPLER="0", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONDONTWRITEBYTECODE="1")
-    arg = {"core": CORE, "walk": WALK, "archs": MODEL_ARCHS, "spec_methods": SPEC_METHODS, "rounds": a.rounds,
+    if not a.on_gpu:
+        env["LD_LIBRARY_PATH"] = str(libcuda_stub(site, Path(tempfile.mkdtemp(prefix="cudastub-"))))
+    arg = {"on_gpu": a.on_gpu, "core": CORE, "walk": WALK, "archs": MODEL_ARCHS, "spec_methods": SPEC_METHODS, "rounds": a.rounds,
            "without": a.without.split(",") if a.without else []}
     p = subprocess.run([a.python, "-c", CHILD, json.dumps(arg)], capture_output=True, text=True, env=env,
                        timeout=3600, cwd=str(ROOT))
