@@ -24,7 +24,7 @@ Usage:
 
 Options: --out DIR (default .gpu34), --cache DIR (wheels + stage; default /tmp/sdlib-gpu34), --part-mib N
 (default 36: a part + the repository's travelling tree must stay under 64 MiB), --no-fatbin-prune,
---xz-level (default -9e), --reuse. Never commit OUT or the cache.
+--xz-level (default -6), --reuse. Never commit OUT or the cache.
 """
 
 from __future__ import annotations
@@ -68,8 +68,23 @@ PINS = [
     # structured output, imported at module level by vllm.v1.request / the scheduler
     "xgrammar==0.2.8", "apache-tvm-ffi==0.1.11", "llguidance==1.7.6",
 ]
-# Added after import checks against the image copy (gpu/check_here.py); kept separate so the reason stays.
-PINS_FROM_IMPORT_CHECKS: list[str] = []
+# Added after the H200 engine start of 2026-12-02 failed on them and the import graph of vLLM 0.34's source was
+# read (docs/gpu_034.md: "What failed on the H200"); kept separate so the reason stays.
+PINS_FROM_IMPORT_CHECKS: list[str] = [
+    # imported at module level on every engine start: vllm.v1.worker.gpu.model_runner -> gpu.eplb_utils ->
+    # vllm.models.deepseek_v4 -> deepseek_v4.amd.mtp -> amd.mega_moe -> quantization.online.base ->
+    # quantization.compressed_tensors.utils -> compressed_tensors (and every quantisation config imports it)
+    "compressed-tensors==0.17.0", "loguru==0.7.3",
+    # CuTe DSL: gpu_worker.compile_or_warm_up_model -> kernel_warmup() imports
+    # vllm.model_executor.warmup.minimax_m3_msa_warmup whenever the platform is CUDA (no flag, no guard); its
+    # modules import cutlass, cutlass.cute, quack and cuda.bindings at module level. Only the cu13 flavour:
+    # its loader picks the newest flavour the driver supports (CUDA 13 on the H200).
+    "nvidia-cutlass-dsl==4.8.0", "nvidia-cutlass-dsl-libs-base==4.8.0", "nvidia-cutlass-dsl-libs-core==4.8.0",
+    "nvidia-cutlass-dsl-libs-cu13==4.8.0", "quack-kernels==0.6.5",
+    # torch.compile: vllm.compilation.wrapper imports depyf when FULL/PIECEWISE graphs meet a module writing a
+    # buffer in forward (to word its error) and with a compile debug dump path (monitor.py, depyf_compat)
+    "depyf==0.20.0", "astor==0.8.1", "dill==0.4.1",
+]
 # The OpenAI-compatible server (configs/h200_serving.yaml): uvicorn and the metrics middleware (the 0.26
 # bundle lacked them). uvloop and httptools are optional for uvicorn; the image has uvloop.
 PINS_SERVER: list[str] = [
@@ -77,33 +92,58 @@ PINS_SERVER: list[str] = [
     "orjson==3.13.0",             # imported at module level by vllm.entrypoints.openai.* (checked here)
     "watchfiles==1.3.0",          # imported at module level by vllm.entrypoints.launchers.utils.ssl
     "python-multipart==0.0.34",   # fastapi needs it where a route takes Form data (transcription routers)
+    # vllm.entrypoints.launchers.app.build_app() ends with sagemaker_standards_bootstrap(app), which imports
+    # model_hosting_container_standards.sagemaker on every server start (not only for SageMaker routes)
+    "model-hosting-container-standards==0.1.16", "jmespath==1.1.0", "supervisor==4.3.0",
 ]
 
-# Requirements deliberately not carried: name -> why (the smoke script checks the claims it can).
+# Requirements deliberately not carried: name -> why. Each "imported only" claim is from the import statements
+# of vLLM 0.34.0's source (every `import`/`from` naming the package, module level or in a function) and is
+# checked by gpu/check_here.py, which imports every module on the engine/server path and every module those
+# modules import inside functions, and fails on a missing package that is not in its ALLOWED_MISSING.
+# The 2026-12-02 H200 attempt died on two entries this list used to have ("compressed-tensors: quantised
+# checkpoints only", "nvidia-cutlass-dsl / quack-kernels: CuTe-DSL kernels only"): docs/gpu_034.md.
 SKIP = {
-    "flashinfer-python": "0.7.3 is not on the registry (0.7.2.post1 and 0.7.4 are); not imported with "
-                         "VLLM_USE_FLASHINFER_SAMPLER=0 and the FLASH_ATTN (FA3) / TRITON_ATTN backends",
-    "nvidia-cudnn-cu13": "553 MB wheel; a dense Llama never calls cuDNN (gpu/README.md: cuDNN); the image's 9.19 "
+    "flashinfer-python": "0.7.3 is not on the registry (0.7.2.post1 and 0.7.4 are); every import is in a function "
+                         "behind has_flashinfer() (find_spec) or a FlashInfer backend/env choice; the sampler's "
+                         "needs VLLM_USE_FLASHINFER_SAMPLER=0 (gpu/stage.sh sets it)",
+    "nvidia-cudnn-cu13": "553 MB wheel; a dense Llama never calls cuDNN (docs/gpu_034.md: cuDNN); the image's 9.19 "
                          "loads and only torch.backends.cudnn.version() raises",
+    "nvidia-cutlass-dsl-libs-cu12": "the CUDA 12 flavour of the CuTe DSL (235 MB unpacked); its loader picks the "
+                                    "newest flavour the driver supports, cu13 here (carried)",
+    "torch-c-dlpack-ext": "quack's requirement: prebuilt addons for torch 2.4-2.9 only (none for 2.14); tvm_ffi "
+                          "imports it under try/except ImportError",
     "cuda-toolkit": "CUDA 13.0 user-space libraries: the image has them (torch 2.14 ran on them, FACTS.md)",
-    "cuda-bindings": "in the image", "nvidia-cusparselt-cu13": "in the image (0.8.0 vs 0.8.1: minor)",
+    "cuda-bindings": "in the image (cuda.bindings.driver: the CuTe DSL and vLLM's CuTe kernels import it)",
+    "nvidia-cusparselt-cu13": "in the image (0.8.0 vs 0.8.1: minor)",
     "nvidia-nvshmem-cu13": "in the image (3.4.5)",
-    "torchaudio": "vLLM pins 2.11.0, the image's version", "torchcodec": "video decoding only",
-    "pynvvideocodec": "video decoding only", "tilelang": "sparse-attention kernels (DeepSeek) only",
-    "nvidia-cudnn-frontend": "FlashInfer cuDNN paths only", "nvtx": "profiling ranges only (VLLM_NVTX)",
-    "fastsafetensors": "alternative weight loader only", "instanttensor": "alternative weight loader only",
-    "nvidia-cutlass-dsl": "CuTe-DSL kernels (FA4, Blackwell) only", "quack-kernels": "CuTe-DSL kernels only",
-    "tokenspeed-mla": "MLA (DeepSeek) only", "humming-kernels": "quantised MoE kernels only",
-    "lm-format-enforcer": "structured-output backend not used", "outlines-core": "structured-output backend not used",
-    "lark": "structured-output backend not used", "mistral-common": "Mistral tokenizer only",
-    "compressed-tensors": "quantised checkpoints only", "depyf": "torch.compile debugging dumps only",
-    "python-json-logger": "JSON logging config only", "ijson": "streamed JSON only",
-    "anthropic": "Anthropic-API server route only", "mcp": "tool server only",
-    "model-hosting-container-standards": "SageMaker routes only", "opentelemetry-sdk": "tracing only",
-    "opentelemetry-api": "tracing only", "opentelemetry-exporter-otlp": "tracing only",
-    "opentelemetry-semantic-conventions-ai": "tracing only", 
-    "jsonschema": "structured-output validation only",
-    "numba": "vLLM pins 0.65.0; the image has 0.68.0 (0.26's n-gram ran on it); 0.34's n-gram is a GPU kernel",
+    "torchaudio": "vLLM pins 2.11.0, the image's version; imported only under try/except (multimodal audio)",
+    "torchcodec": "video/audio decoding only: multimodal.video_decoders, multimodal.media.audio (try/except)",
+    "pynvvideocodec": "video decoding only (multimodal.video_decoders.pynvvideocodec)",
+    "tilelang": "imported only by vllm.tilelang_utils (DeepSeek sparse-attention kernels)",
+    "nvidia-cudnn-frontend": "imported only by FA4's benchmark helpers (vllm_flash_attn/cute, pruned)",
+    "nvtx": "imported only with VLLM_NVTX_SCOPES_FOR_PROFILING=1 (vllm.v1.utils)",
+    "fastsafetensors": "load_format=fastsafetensors only (weight_utils: try/except and in a function)",
+    "instanttensor": "load_format=instanttensor only (weight_utils, in a function)",
+    "tokenspeed-mla": "MLA attention backends only (v1.attention.backends.mla.*, Kimi-K3)",
+    "humming-kernels": "imported only by vllm.utils.humming under a guard (quantised MoE kernels)",
+    "lm-format-enforcer": "structured-output backend lm-format-enforcer only (v1.structured_output.backend_"
+                          "lm_format_enforcer, imported when a request picks it)",
+    "outlines-core": "structured-output backend outlines only (v1.structured_output.backend_outlines, utils in a "
+                     "function)",
+    "lark": "never imported by vLLM 0.34's source", "jsonschema": "never imported by vLLM 0.34's source",
+    "python-json-logger": "never imported by vLLM 0.34's source (a logging config may name it)",
+    "anthropic": "never imported by vLLM 0.34's source (its Anthropic route has its own pydantic models)",
+    "mistral-common": "Mistral tokenizers/parsers and Pixtral/Voxtral only (imported behind is_mistral_tokenizer); "
+                      "it asks numpy<2.4, the image has 2.5.2",
+    "ijson": "imported only by vllm.parser.mistral",
+    "mcp": "tool server only (entrypoints.mcp.tool_server, in functions; --tool-server)",
+    "opentelemetry-sdk": "tracing only (vllm.tracing.otel: try/except)",
+    "opentelemetry-api": "tracing only (vllm.tracing.otel: try/except)",
+    "opentelemetry-exporter-otlp": "tracing only (vllm.tracing.otel: try/except)",
+    "opentelemetry-semantic-conventions-ai": "tracing only (vllm.tracing.otel: try/except)",
+    "numba": "vLLM pins 0.65.0; the image has 0.68.0 (0.26's n-gram ran on it); 0.34 imports it only for Kimi "
+             "models (behind is_numba_available()) and in jit_monitor's numba threading-layer helper",
     "huggingface-hub": "vLLM asks >=2.0 but the image's transformers 5.17 needs <2.0: the image's 1.33 stays",
     "tokenizers": "vLLM asks >=0.23.3, the image has 0.23.2 (transformers 5.17 accepts it); no tokenizer is loaded",
     "setuptools": "vLLM asks <81 (the image's version is not known); only torch.utils.cpp_extension uses it",
@@ -139,9 +179,20 @@ PRUNE = [
     "triton/_C/libproton.so", "triton/profiler",
     # NCCL: the LLVM bitcode of device functions (NCCL's device API, not used by torch's process groups)
     "nvidia/nccl/lib/libnccl_device.bc", "nvidia/nccl/include",
+    # CuTe DSL: the runtime's aarch64 / QNX link stubs
+    "nvidia_cutlass_dsl/cu13/lib/stubs",
 ]
 # File name patterns removed everywhere (static libraries, type stubs' sources, tests).
 PRUNE_GLOBS = ["*.a", "*.pyi"]
+
+# A wheel's .pth file works only in a site directory; the staged site is put on PYTHONPATH, where Python does not
+# read .pth files. Each carried .pth -> the folders (relative to the site) it would add; written to
+# site/PYTHONPATH_EXTRA (one per line) for gpu/stage.sh and gpu/check_here.py. A .pth not listed stops the build.
+PTH_PATHS = {
+    # "import sys, os, nvidia_cutlass_dsl; sys.path.insert(0, .../nvidia_cutlass_dsl/dsl_packages)": `cutlass`
+    "nvidia_cutlass_dsl_packages.pth": ["nvidia_cutlass_dsl/dsl_packages"],
+}
+PYTHONPATH_EXTRA = "PYTHONPATH_EXTRA"
 
 
 def sh(cmd, **kw):
@@ -289,6 +340,22 @@ def unpack(wheels: list[Path], site: Path) -> dict[str, int]:
     return sizes
 
 
+def pth_paths(site: Path) -> list[str]:
+    """The folders the site's .pth files add (PTH_PATHS), written to site/PYTHONPATH_EXTRA; the .pth files go."""
+    extra = []
+    for f in sorted(site.glob("*.pth")):
+        if f.name not in PTH_PATHS:
+            raise SystemExit(f"build_stack: {f.name}: a .pth file not in PTH_PATHS ({f.read_text()[:200]!r}); say "
+                             "which folders it adds")
+        for rel in PTH_PATHS[f.name]:
+            if not (site / rel).is_dir():
+                raise SystemExit(f"build_stack: {f.name}: {rel} is not a folder of the site")
+            extra.append(rel)
+        f.unlink()
+    (site / PYTHONPATH_EXTRA).write_text("".join(r + "\n" for r in extra))
+    return extra
+
+
 def du(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -412,6 +479,8 @@ def pack(a, stage: Path, tarxz: Path) -> dict:
         shutil.copy2(cuobj, keep)
         cuobj = str(keep)
     removed = prune_paths(site)
+    extra_paths = pth_paths(site)
+    print(f"PYTHONPATH extra (from .pth files): {extra_paths}")
     if a.stage_only == "paths":
         print(f"site (paths pruned, fat binaries not): {site}")
         return {}
@@ -435,6 +504,7 @@ def pack(a, stage: Path, tarxz: Path) -> dict:
             raise SystemExit("tar failed")
     info = {"vllm": VLLM_VERSION, "pins": all_pins(), "wheel_bytes": wheel_bytes, "unpacked_bytes": unpacked,
             "pruned_paths_bytes": removed, "fatbin": fat, "strip_saved_bytes": stripped, "site_bytes": total, "site_top_bytes": per_top,
+            "pythonpath_extra": extra_paths, "xz_level": a.xz_level,
             "archive_bytes": tarxz.stat().st_size, "build_s": round(time.time() - t0, 1),
             "requirements": reqs}
     (stage / "BUILD.json").write_text(json.dumps(info, indent=1))
@@ -477,7 +547,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".gpu34")
     ap.add_argument("--cache", default="/tmp/sdlib-gpu34")
     ap.add_argument("--part-mib", type=float, default=36)
-    ap.add_argument("--xz-level", default="-9e")
+    ap.add_argument("--xz-level", default="-6",
+                    help="xz preset: -6 packs within 2%% of -9e (docs/gpu_034.md), which took 52 min on 2 cores")
     ap.add_argument("--no-fatbin-prune", action="store_true")
     ap.add_argument("--reuse", action="store_true", help="re-split CACHE/stage/site.tar.xz")
     ap.add_argument("--report-only", action="store_true", help="download and print the requirements report")

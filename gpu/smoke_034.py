@@ -11,8 +11,10 @@ each check, so a timeout keeps what finished). Checks, in priority order (a glob
   kernels   device code from every fat-binary-pruned library runs on sm_90: elementwise/softmax/layer norm
             (libtorch_cuda), bf16 matmul, a torch.compile'd function (Inductor -> Triton 3.8 -> ptxas), CUDA
             graph capture/replay, vllm._C (RMS norm), FA3 (varlen), a one-rank NCCL all-reduce
-  imports   the modules a dense Llama + spec decode + the OpenAI server import (vLLM engine, V2 runner,
-            FA3/Triton attention, EAGLE/n-gram speculators, api_server, uvicorn/uvloop)
+  imports   gpu/check_here.py's CORE (the engine, V2 runner and its kernel warm-up, quantisation registry, model
+            loader, FA3/Triton attention, the speculators, api_server and build_app's SageMaker bootstrap, the
+            CuTe DSL, compressed-tensors) + uvloop; the whole check (run-time and function-level imports too):
+            python3 gpu/check_here.py --on-gpu --python python3 --site /tmp/sdlib034/site
   engines   Llama-3.1-8B shape, dummy weights, no tokenizer, bf16, FA3, CUDA graphs on (capture sizes
             1..16), each in this process one after another under its own time limit:
             none | ngram k=3 | eagle3 k=3 synthetic L=2.5 | sdlib custom proposer (sdlib_custom) with the
@@ -90,7 +92,10 @@ def check_env() -> None:
                       ("numba", "numba"), ("pydantic", "pydantic"), ("typing_extensions", "typing-extensions"),
                       ("setuptools", "setuptools"), ("torchvision", "torchvision"), ("safetensors", "safetensors"),
                       ("xgrammar", "xgrammar"), ("msgspec", "msgspec"), ("zmq", "pyzmq"), ("uvicorn", "uvicorn"),
-                      ("uvloop", "uvloop"), ("fastapi", "fastapi"), ("openai", "openai")]:
+                      ("uvloop", "uvloop"), ("fastapi", "fastapi"), ("openai", "openai"),
+                      ("compressed_tensors", "compressed-tensors"), ("cutlass", "nvidia-cutlass-dsl"),
+                      ("quack", "quack-kernels"), ("model_hosting_container_standards",
+                                                   "model-hosting-container-standards")]:
         row = {}
         try:
             row["dist"] = metadata.version(dist)
@@ -104,7 +109,8 @@ def check_env() -> None:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         info[mod] = row
         carried = mod in ("torch", "triton", "vllm", "torchvision", "pydantic", "xgrammar", "msgspec", "zmq",
-                          "uvicorn", "fastapi", "openai")
+                          "uvicorn", "fastapi", "openai", "compressed_tensors", "cutlass", "quack",
+                          "model_hosting_container_standards")
         if carried and row.get("file") and not str(row["file"]).startswith(site):
             problems.append(f"{mod} imported from {row['file']}, not from the carried site {site}")
         if "error" in row and mod not in ("setuptools",):
@@ -218,13 +224,10 @@ def check_kernels() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ imports
-IMPORTS = """vllm.entrypoints.llm vllm.engine.arg_utils vllm.v1.engine.core vllm.v1.engine.llm_engine
-vllm.v1.worker.gpu_worker vllm.v1.worker.gpu.model_runner vllm.v1.worker.gpu.spec_decode.eagle.speculator
-vllm.v1.worker.gpu.spec_decode.ngram.speculator vllm.v1.worker.gpu.spec_decode.adaptive_verification
-vllm.v1.worker.gpu.spec_decode.rejection_sampler vllm.v1.attention.backends.flash_attn
-vllm.v1.attention.backends.triton_attn vllm.model_executor.models.llama vllm.model_executor.models.llama_eagle3
-vllm.model_executor.model_loader.dummy_loader vllm.compilation.backends vllm.entrypoints.openai.api_server
-uvicorn uvloop prometheus_fastapi_instrumentator sdlib.vllm.speculator sdlib.vllm.plugin""".split()
+sys.path.insert(0, str(ROOT / "gpu"))
+from check_here import CORE  # noqa: E402  (the engine/server path's modules, defined once: gpu/check_here.py)
+
+IMPORTS = [*CORE, "uvloop"]
 
 
 def check_imports() -> None:

@@ -81,9 +81,17 @@ _sd_main() {
     echo "$_sd_want" > "$_sd_root/site/.complete"
     echo "stage: unpacked $(du -sh "$_sd_root/site" | cut -f1) to /tmp/sdlib034/site in $(( ($(date +%s%N) - _sd_u0) / 1000000 )) ms ($_sd_how)"
   fi
-  export PYTHONPATH="$_sd_root/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  # folders the carried wheels' .pth files would add (a .pth works only in a site directory, not on
+  # PYTHONPATH): build_stack.py lists them in site/PYTHONPATH_EXTRA (the CuTe DSL's `cutlass` package)
+  _sd_extra=""
+  if [ -f "$_sd_root/site/PYTHONPATH_EXTRA" ]; then
+    while read -r _sd_rel; do
+      [ -n "$_sd_rel" ] && _sd_extra="$_sd_extra:$_sd_root/site/$_sd_rel"
+    done < "$_sd_root/site/PYTHONPATH_EXTRA"
+  fi
+  export PYTHONPATH="$_sd_root/site$_sd_extra:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   export SDLIB_GPU_STACK="vllm-0.34 $_sd_root/site"
-  echo "stage: environment ready (PYTHONPATH=$_sd_root/site:$PWD); $(( ($(date +%s%N) - _sd_t0) / 1000000 )) ms in stage.sh"
+  echo "stage: environment ready (PYTHONPATH=$_sd_root/site$_sd_extra:$PWD); $(( ($(date +%s%N) - _sd_t0) / 1000000 )) ms in stage.sh"
   return 0
 }
 _sd_main

@@ -120,3 +120,46 @@ def test_fatbin_prune_keeps_exactly_the_sm90_code(tmp_path):
     if cuobj:
         chk = fp.check(str(orig), str(lib), cuobj)
         assert chk["identical"] and chk["sm90_cubins"] >= 1
+
+
+def _gpu_module(name):
+    sys.path.insert(0, str(ROOT / "gpu"))
+    import importlib
+
+    return importlib.import_module(name)
+
+
+def test_every_requirement_the_h200_died_on_is_carried_not_skipped():
+    """The 2026-12-02 H200 engine start failed on compressed_tensors, then cutlass (build_stack.SKIP had them);
+    build_app() imports model_hosting_container_standards. A name is either carried or skipped, never both."""
+    bs = _gpu_module("build_stack")
+    pinned = {bs.norm(p.split("==")[0]) for p in bs.all_pins()}
+    for n in ("compressed-tensors", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu13", "quack-kernels",
+              "model-hosting-container-standards", "depyf"):
+        assert n in pinned and n not in bs.SKIP, n
+    assert not pinned & {bs.norm(k) for k in bs.SKIP}
+    assert all(bs.SKIP.values())  # every skip says why
+
+
+def test_pth_files_become_pythonpath_extra(tmp_path):
+    bs = _gpu_module("build_stack")
+    (tmp_path / "nvidia_cutlass_dsl" / "dsl_packages" / "cutlass").mkdir(parents=True)
+    (tmp_path / "nvidia_cutlass_dsl_packages.pth").write_text("import sys, os, nvidia_cutlass_dsl; ...\n")
+    assert bs.pth_paths(tmp_path) == ["nvidia_cutlass_dsl/dsl_packages"]
+    assert (tmp_path / bs.PYTHONPATH_EXTRA).read_text() == "nvidia_cutlass_dsl/dsl_packages\n"
+    assert not (tmp_path / "nvidia_cutlass_dsl_packages.pth").exists()
+    ch = _gpu_module("check_here")
+    assert ch.site_pythonpath(tmp_path) == [str(tmp_path), str(tmp_path / "nvidia_cutlass_dsl/dsl_packages")]
+    (tmp_path / "other.pth").write_text("somewhere\n")
+    with pytest.raises(SystemExit, match="other.pth"):
+        bs.pth_paths(tmp_path)
+
+
+def test_check_here_allows_only_listed_missing_modules():
+    ch = _gpu_module("check_here")
+    assert ch.allowed("flashinfer.comm") == ch.ALLOWED_MISSING["flashinfer"]
+    assert ch.allowed("vllm.vllm_flash_attn.cute.interface") == ch.ALLOWED_MISSING["vllm.vllm_flash_attn.cute"]
+    for name in ("compressed_tensors", "cutlass", "quack", "model_hosting_container_standards", "vllm.vllm_flash",
+                 "flashinferx"):
+        assert ch.allowed(name) is None, name
+    assert {"compressed_tensors", "cutlass", "cutlass.cute", "quack"} <= set(ch.CORE)
