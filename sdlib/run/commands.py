@@ -93,6 +93,8 @@ def cmd_sweep(args) -> int:
     from sdlib.store import SweepBusy, SweepStore
 
     sweep = _load(args)
+    from sdlib.run.ray_executor import executor_from_args  # --executor / --address (the Ray executor)
+    sweep = executor_from_args(sweep, args)
     methods = (args.method or []) + (args.methods or [])
     if methods:
         known = {m.label for m in sweep.methods} | {m.name for m in sweep.methods} | \
@@ -201,9 +203,14 @@ def cmd_plan(args) -> int:
 
     if args.cost_model:  # a path on the command line resolves from where the user stands
         args.cost_model = str(Path(args.cost_model).expanduser().resolve())
+    if args.gpus and not args.paper_matrix:
+        raise ConfigError("--gpus: only with --paper-matrix")
     if args.paper_matrix:
         planner = budget.calibrated_planner(args.cost_model, device=args.device, vllm_version=args.vllm_version)
-        print(budget.format_paper_matrix(budget.paper_matrix(planner)))
+        est = budget.paper_matrix(planner)
+        print(budget.format_paper_matrix(est))
+        if args.gpus:  # the matrix packed onto that many GPUs, longest engine group first (docs/scale.md)
+            print("\n" + budget.format_packing(est, planner, args.gpus))
         return 0
     if args.measured is not None:
         planner = budget.Planner(args.cost_model, budget.Calibration(), args.device, args.vllm_version)
@@ -339,7 +346,7 @@ def cmd_rekey(args) -> int:
     recorded = parse_sweep(prov_cfg).to_dict()  # the recorded config as today's classes read it (defaults filled)
     current = sweep.to_dict()
     for d in (recorded, current):
-        for k in ("results_dir", "description"):
+        for k in ("results_dir", "description", "executor", "ray_address"):  # how it ran, not what it measured
             d.pop(k, None)
     if recorded != current:
         diff = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
@@ -381,6 +388,8 @@ def add_parsers(sub) -> None:
                         "--gpu-minutes N selects; done cells are skipped, so rerunning takes the next blocks")
     s.add_argument("--priority", help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
     s.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")
+    from sdlib.run.ray_executor import add_executor_arguments  # --executor / --address (the Ray executor)
+    add_executor_arguments(s)
     s.set_defaults(func=cmd_sweep)
     pl = sub.add_parser(
         "plan", help="estimated GPU minutes per engine and block; the blocks that fit a budget", epilog=PATHS_HELP,
@@ -406,6 +415,8 @@ def add_parsers(sub) -> None:
     pl.add_argument("--paper-matrix", action="store_true",
                     help="the paper's full matrix (6 datasets, 5 methods, k 1-10, bs 1-512, 3 repeats, 8B and 70B "
                          "shapes) in GPU-hours")
+    pl.add_argument("--gpus", type=_ints, metavar="N[,N...]", help="with --paper-matrix: its engine groups packed "
+                    "longest first onto N GPUs: makespan against GPU-hours / N (docs/scale.md)")
     pl.add_argument("--measured", nargs="?", const="", metavar="DIR",
                     help="minutes each recorded invocation under DIR (default data/sweeps) used against its plan")
     pl.set_defaults(func=cmd_plan)

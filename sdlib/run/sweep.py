@@ -30,8 +30,10 @@ from sdlib.run.supervise import EngineProcess, end_group, group_alive, remove_un
 from sdlib.store import FolderLock, SweepStore, git_commit, utc_now, write_json_atomic
 
 
-def _orphans(store: SweepStore) -> int:
-    """End the engine groups a killed sweep left running (their records in ``.engines/``); returns how many."""
+def _orphans(store: SweepStore, remove_others: bool = True) -> int:
+    """End the engine groups a killed sweep left running on this host (their records in ``.engines/``); returns
+    how many. The records of other hosts' groups are removed too unless ``remove_others`` is False (the Ray
+    executor ends those on their own hosts first, :func:`sdlib.run.ray_executor.end_orphans_on_nodes`)."""
     d = store.dir / ".engines"
     n = 0
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
@@ -40,6 +42,8 @@ def _orphans(store: SweepStore) -> int:
         except (OSError, json.JSONDecodeError):
             rec = {}
         pgid = rec.get("pgid")
+        if not remove_others and rec.get("host") != socket.gethostname():
+            continue
         known = [str(x) for x in rec.get("shm") or [] if str(x).startswith("/dev/shm/")]
         if isinstance(pgid, int) and rec.get("host") == socket.gethostname():
             if group_alive(pgid):
@@ -96,7 +100,25 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
     preflight(sweep)
     store = SweepStore(sweep.out_dir)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    with FolderLock(store.dir):
+    if sweep.executor != "ray":
+        return _locked_sweep(sweep, store, say, retry_failed, only_methods, env, verbose, quiet, only)
+    from sdlib.run import ray_executor  # Ray only for this executor (the module imports it inside functions)
+
+    connection = ray_executor.connect(sweep.ray_address)  # first: no Ray, or no cluster, is one line; nothing started
+    try:
+        return _locked_sweep(sweep, store, say, retry_failed, only_methods, env, verbose, quiet, only,
+                             ray_executor, connection)
+    finally:
+        ray_executor.disconnect()
+
+
+def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only_methods, env, verbose, quiet, only,
+                  ray_executor=None, connection=None) -> SweepStore:
+    with FolderLock(store.dir) as lock:
+        if ray_executor is not None:  # each node ends what a killed sweep left on it, before the records go
+            n_remote = ray_executor.end_orphans_on_nodes(store, ray_executor.alive_nodes())
+            if n_remote:
+                say(f"sweep {sweep.name}: ended {n_remote} engine group(s) a killed sweep left running on the nodes")
         n_orphans = _orphans(store)
         if n_orphans:
             say(f"sweep {sweep.name}: ended {n_orphans} engine group(s) a killed sweep left running")
@@ -119,7 +141,10 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
             say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
                 f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
             return store
-        _run_groups(sweep, store, groups, env, verbose, quiet, say)
+        if ray_executor is not None:
+            ray_executor.run_groups(sweep, store, groups, env, verbose, quiet, say, lock.lease, connection)
+        else:
+            _run_groups(sweep, store, groups, env, verbose, quiet, say)
         done = store.done_ids()
         store.outcome["done"] = [r for r in planned if r in done]
         store.outcome["failed"] = [r for r in planned if r not in done]
@@ -170,77 +195,123 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
     raise KeyboardInterrupt("SIGTERM")
 
 
-def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool, quiet: bool, say) -> None:
+def begin_invocation(sweep: SweepConfig, store: SweepStore, groups, say, **extra) -> None:
+    """Record this invocation in provenance.json (``extra``: e.g. the executor) and say what it will run."""
     total = sum(len(c) for c in groups.values())
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": socket.gethostname(),
              "cells_planned": total, "cells_already_done": len(store.done_ids()), "models": model_cards(sweep),
-             "engines": []}
+             "engines": [], **extra}
     store.record_invocation(sweep.to_dict(), entry)
     say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")
-    child_env = _child_env(env, sweep)
-    engines = []
-    run_dir = store.dir / ".run"
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
-    try:
-        for (model_name, method_label, start), cells in groups.items():
-            tag = f"{model_name}__{method_label}" + (f"__start{start}" if start else "")
-            if start:
-                method_label = f"{method_label} (start {start})"
-            spec_path, env_out = run_dir / f"{tag}.spec.json", run_dir / f"{tag}.env.json"
-            env_out.unlink(missing_ok=True)
-            write_json_atomic({"sweep": sweep.to_dict(), "run_ids": [c.run_id for c in cells],
-                               "env_out": str(env_out)}, spec_path)
-            log_file = store.log_path(tag)
-            say(f"[{model_name} / {method_label}] starting an engine for {len(cells)} cell(s); log: {log_file}")
-            progress = _Progress(store, f"[{model_name} / {method_label}]", cells, enabled=not quiet and not verbose)
-            proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file, env=child_env,
-                                 cwd=str(REPO_ROOT), env_out=env_out, echo=verbose)
-            marker = store.dir / ".engines" / f"{proc.pgid}.json"
-            rec = {"pgid": proc.pgid, "host": socket.gethostname(), "started_at": utc_now(), "group": tag, "shm": []}
-            write_json_atomic(rec, marker)
-            # the /dev/shm files the group maps, kept in the marker: a later sweep unlinks what a killed one left
-            proc.on_shm = lambda seen, rec=rec, marker=marker: write_json_atomic({**rec, "shm": sorted(seen)}, marker)
-            try:
-                outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s, on_poll=progress.poll)
-            except BaseException:  # Ctrl-C, SIGTERM: end the engine and everything it started, then stop
-                proc.terminate()
-                marker.unlink(missing_ok=True)
-                raise
-            finally:
-                progress.close()
-            marker.unlink(missing_ok=True)
-            info = json.loads(env_out.read_text()) if env_out.exists() else {"model": model_name,
-                                                                             "method": method_label}
-            info["exit_code"] = outcome.exit_code
-            if outcome.reason:
-                info["error"] = outcome.reason
-            engines.append(info)
-            if not outcome.ok:
-                reason = outcome.reason + _last_worker_line(log_file)
-                recorded = 0
-                for c in cells:
-                    if not store.is_done(c.run_id) and not (store.dir / "failures" / f"{c.run_id}.json").exists():
-                        store.write_failure(c.run_id, {
-                            "model": model_name, "method_label": method_label, "dataset": c.workload.dataset,
-                            "batch_size": c.batch_size, "repeat": c.repeat,
-                            "error": f"{reason}; see {log_file}"})
-                        recorded += 1
-                left = sum(not store.is_done(c.run_id) for c in cells)
-                say(f"[{model_name} / {method_label}] {reason}; " + (
-                    f"{recorded} failure(s) recorded, going on" if recorded else
-                    f"its {len(cells)} cell(s) were already finished, nothing to record" if not left else
-                    f"{left} cell(s) not done (their failures were recorded by the engine process), going on"))
-            store.update_invocation(-1, {"engines": engines})
-            spec_path.unlink(missing_ok=True)
-            env_out.unlink(missing_ok=True)
-    finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+
+
+def end_invocation(sweep: SweepConfig, store: SweepStore, say) -> None:
+    """Record the invocation's end and what is done; say so."""
     ids = {c.run_id for c in sweep.cells()}
     done = store.done_ids() & ids
     store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(done),
                                  "cells_failed": len(store.failures())})
     say(f"sweep {sweep.name}: {len(done)} of {len(ids)} cell(s) done, {len(store.failures())} failed")
+
+
+def group_tag(key: tuple) -> str:
+    """An engine group's name in file names (its spec, log and environment files)."""
+    model_name, method_label, start = key
+    return f"{model_name}__{method_label}" + (f"__start{start}" if start else "")
+
+
+def group_label(key: tuple) -> str:
+    """An engine group as the progress lines name it: ``[model / method]`` (with its start)."""
+    model_name, method_label, start = key
+    return f"[{model_name} / {method_label}" + (f" (start {start})" if start else "") + "]"
+
+
+def record_group_failure(store: SweepStore, key: tuple, cells, reason: str, log_file: Path) -> int:
+    """Record every cell of a failed engine group that is neither done nor already recorded as failed (by the
+    engine process itself); returns how many were recorded."""
+    model_name, method_label, start = key
+    if start:
+        method_label = f"{method_label} (start {start})"
+    recorded = 0
+    for c in cells:
+        if not store.is_done(c.run_id) and not (store.dir / "failures" / f"{c.run_id}.json").exists():
+            store.write_failure(c.run_id, {
+                "model": model_name, "method_label": method_label, "dataset": c.workload.dataset,
+                "batch_size": c.batch_size, "repeat": c.repeat, "error": f"{reason}; see {log_file}"})
+            recorded += 1
+    return recorded
+
+
+def failure_line(store: SweepStore, key: tuple, cells, reason: str, recorded: int) -> str:
+    """What a failed group's progress line says after its failures are recorded."""
+    left = sum(not store.is_done(c.run_id) for c in cells)
+    return f"{group_label(key)} {reason}; " + (
+        f"{recorded} failure(s) recorded, going on" if recorded else
+        f"its {len(cells)} cell(s) were already finished, nothing to record" if not left else
+        f"{left} cell(s) not done (their failures were recorded by the engine process), going on")
+
+
+def run_group(sweep: SweepConfig, store: SweepStore, key: tuple, cells, child_env: dict, verbose: bool,
+              quiet: bool, say, progress: bool = True, announce: bool = True) -> dict:
+    """Run one engine group's cells in one supervised engine process (``sdlib worker SPEC``) and record the
+    failures of the cells it left unfinished; returns the engine's facts for provenance (``exit_code``,
+    ``error``). The same on every executor: the local one calls it in this process, the Ray executor in a Ray
+    task on the node that runs the group (:mod:`sdlib.run.ray_executor`)."""
+    model_name, method_label, start = key
+    tag = group_tag(key)
+    if start:
+        method_label = f"{method_label} (start {start})"
+    run_dir = store.dir / ".run"
+    spec_path, env_out = run_dir / f"{tag}.spec.json", run_dir / f"{tag}.env.json"
+    env_out.unlink(missing_ok=True)
+    write_json_atomic({"sweep": sweep.to_dict(), "run_ids": [c.run_id for c in cells],
+                       "env_out": str(env_out)}, spec_path)
+    log_file = store.log_path(tag)
+    if announce:
+        say(f"{group_label(key)} starting an engine for {len(cells)} cell(s); log: {log_file}")
+    bar = _Progress(store, group_label(key), cells, enabled=progress and not quiet and not verbose)
+    proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file, env=child_env,
+                         cwd=str(REPO_ROOT), env_out=env_out, echo=verbose)
+    marker = store.dir / ".engines" / f"{proc.pgid}.json"
+    rec = {"pgid": proc.pgid, "host": socket.gethostname(), "started_at": utc_now(), "group": tag, "shm": []}
+    write_json_atomic(rec, marker)
+    # the /dev/shm files the group maps, kept in the marker: a later sweep unlinks what a killed one left
+    proc.on_shm = lambda seen, rec=rec, marker=marker: write_json_atomic({**rec, "shm": sorted(seen)}, marker)
+    try:
+        outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s, on_poll=bar.poll)
+    except BaseException:  # Ctrl-C, SIGTERM: end the engine and everything it started, then stop
+        proc.terminate()
+        marker.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+    marker.unlink(missing_ok=True)
+    info = json.loads(env_out.read_text()) if env_out.exists() else {"model": model_name, "method": method_label}
+    info["exit_code"] = outcome.exit_code
+    if outcome.reason:
+        info["error"] = outcome.reason
+    if not outcome.ok:
+        reason = outcome.reason + _last_worker_line(log_file)
+        recorded = record_group_failure(store, key, cells, reason, log_file)
+        say(failure_line(store, key, cells, reason, recorded))
+    spec_path.unlink(missing_ok=True)
+    env_out.unlink(missing_ok=True)
+    return info
+
+
+def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool, quiet: bool, say) -> None:
+    begin_invocation(sweep, store, groups, say)
+    child_env = _child_env(env, sweep)
+    engines = []
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
+    try:
+        for key, cells in groups.items():
+            engines.append(run_group(sweep, store, key, cells, child_env, verbose, quiet, say))
+            store.update_invocation(-1, {"engines": engines})
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    end_invocation(sweep, store, say)
 
 
 __all__ = ["run_sweep"]
