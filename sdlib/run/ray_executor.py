@@ -30,7 +30,10 @@ before, and each group's node after.
 records the group's unfinished cells as failures (as the local executor does for a dead worker) and the sweep
 goes on; the next run redoes them. An engine dies with its task: its worker asks the kernel for SIGTERM when its
 parent (the Ray worker) dies and watches its parent besides (:mod:`sdlib.run.worker`), and ends its own process
-group; Ctrl-C or SIGTERM of the driver cancels every task (each ends its engine), then forces those left.
+group (Ray's own clean-up, which SIGKILLs a dying Ray worker's child alone and would leave vLLM's processes, is
+turned off for the sweep's tasks); after a failed group, and before any group starts, one task per live node ends
+whatever engine group a marker in ``.engines/`` names on its host. Ctrl-C or SIGTERM of the driver cancels every
+task (each ends its engine), then forces those left.
 
 Ray is imported only here, inside functions: ``import sdlib`` and the local executor never load it (1-2 s, and
 an optional dependency: ``pip install 'sdlib[ray]'``).
@@ -69,6 +72,8 @@ NOT_FORWARDED = ("SDLIB_SUPERVISOR_PID",)
 CANCEL_GRACE_S = TERM_GRACE_S + 10.0
 #: Seconds between two looks of the driver at which groups started and which cells are done.
 POLL_S = 1.0
+#: Ray's switch for killing a worker's child processes when the worker exits (see :func:`connect`).
+RAY_CHILD_KILL = "RAY_kill_child_processes_on_worker_exit"
 
 
 class RayUnavailable(ConfigError):
@@ -152,7 +157,11 @@ def connect(address: Optional[str]) -> dict[str, Any]:
         check_reachable(hostport)
     import logging
 
-    env_vars = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    env_vars = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+                # a Ray worker that exits because its node's raylet died SIGKILLs its child, our worker, and only
+                # it: vLLM's processes would be left. Off, the worker outlives it, gets its parent-death SIGTERM and
+                # ends its whole process group (sdlib.run.worker), as when the local supervisor is killed
+                RAY_CHILD_KILL: "0"}
     try:
         ray.init(address=hostport, logging_level=logging.WARNING, log_to_driver=False,
                  include_dashboard=False if hostport is None else None,
@@ -463,6 +472,10 @@ def run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool
             signal.signal(signal.SIGTERM, old_term)
         for pg in pgs.values():
             remove_placement_group(pg)
+    if any("failed" in g.outcome for g in planned):  # what a failed group's processes left (none should be)
+        ended = end_orphans_on_nodes(store, alive_nodes())
+        if ended:
+            say(f"sweep {sweep.name}: ended {ended} engine group(s) the failed tasks left running")
     say(format_plan(planned, source, pool, len(nodes), done=True))
     end_invocation(sweep, store, say)
 
