@@ -1017,18 +1017,21 @@ def format_packing(est: SweepEstimate, planner: Planner, gpu_counts: Sequence[in
     engine groups (:func:`split_groups`) and GPU count, the longest-first makespan (:func:`pack_longest_first`)
     against the ideal (GPU-hours / GPUs)."""
     lines = ["packing onto GPUs: engine groups longest first, each holding its shape's GPUs (tensor-parallel size) "
-             "from its engine start to its last cell; ideal = GPU-hours / GPUs; busy = ideal / makespan",
-             f"{'split':<8} {'groups':>6} {'GPU-h':>7} {'longest h':>9} {'GPUs':>5} {'makespan h':>10} "
+             "from its engine start to its last cell; +GPU-h = the split's extra engine starts, processes and "
+             "warm-ups; ideal = GPU-hours / GPUs; busy = ideal / makespan",
+             f"{'split':<8} {'groups':>6} {'GPU-h':>7} {'+GPU-h':>7} {'longest h':>9} {'GPUs':>5} {'makespan h':>10} "
              f"{'ideal h':>7} {'busy':>5}"]
+    base = None
     for split in SPLITS:
         g = split_groups(est, planner, split)
         dur, gpus = g["total_s"].tolist(), g["gpus"].astype(int).tolist()
         gpu_h = float((g["total_s"] * g["gpus"]).sum()) / 3600
+        base = gpu_h if base is None else base
         for n in gpu_counts:
             span = pack_longest_first(dur, gpus, n)[0] / 3600
             ideal = gpu_h / n
-            lines.append(f"{split:<8} {len(g):>6} {gpu_h:>7.1f} {max(dur) / 3600:>9.2f} {n:>5} {span:>10.2f} "
-                         f"{ideal:>7.2f} {100 * ideal / span:>4.0f}%")
+            lines.append(f"{split:<8} {len(g):>6} {gpu_h:>7.1f} {gpu_h - base:>7.1f} {max(dur) / 3600:>9.2f} {n:>5} "
+                         f"{span:>10.2f} {ideal:>7.2f} {100 * ideal / span:>4.0f}%")
     return "\n".join(lines)
 
 
