@@ -145,9 +145,10 @@ def check_reachable(hostport: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> 
                              "(ray start --head) or give its address with --address HOST:PORT") from None
 
 
-def connect(address: Optional[str]) -> dict[str, Any]:
+def connect(address: Optional[str], verbose: bool = False) -> dict[str, Any]:
     """Connect this process to the cluster at ``address`` (None: start a Ray instance here); every failure is one
-    line (:class:`RayUnavailable`), before any engine starts. Returns what the invocation records."""
+    line (:class:`RayUnavailable`), before any engine starts. ``verbose``: the tasks' output (the engines' own,
+    with ``--verbose``) is shown here too. Returns what the invocation records."""
     ray = _import_ray()
     hostport = _bootstrap_address(address) if address else None
     if address == "auto" and hostport is None:
@@ -163,7 +164,7 @@ def connect(address: Optional[str]) -> dict[str, Any]:
                 # ends its whole process group (sdlib.run.worker), as when the local supervisor is killed
                 RAY_CHILD_KILL: "0"}
     try:
-        ray.init(address=hostport, logging_level=logging.WARNING, log_to_driver=False,
+        ray.init(address=hostport, logging_level=logging.WARNING, log_to_driver=verbose,
                  include_dashboard=False if hostport is None else None,
                  runtime_env={"env_vars": env_vars})  # sdlib importable on every node: the same checkout path
     except (ConnectionError, RuntimeError, ValueError) as err:
@@ -437,7 +438,14 @@ def run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool
             for g in planned}
     started: dict[int, float] = {}
     engines: list = []
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
+    terms: list = []
+
+    def on_term(signum, frame):  # as the local executor: SIGTERM is Ctrl-C (kept by name: Ray re-raises its own)
+        terms.append(signum)
+        _on_sigterm(signum, frame)
+
+    old_term = signal.signal(signal.SIGTERM, on_term) if sys.platform != "win32" else None
+    lost_said = False
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
@@ -451,7 +459,8 @@ def run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool
                             f"log: {store.log_path(_tag(g.key))}")
                 if id(g) in started:
                     bars[id(g)].poll()
-            if lease is not None and lease.lost:
+            if lease is not None and lease.lost and not lost_said:
+                lost_said = True
                 say(f"sweep {sweep.name}: {lease.lost}; starting no more groups")
                 _cancel(ray, [r for r, g in pending.items() if id(g) not in started], force=True)
             for ref in ready:
@@ -463,9 +472,12 @@ def run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool
                 store.update_invocation(-1, {"engines": engines})
     except BaseException:  # Ctrl-C, SIGTERM: every task ends its engine (KeyboardInterrupt in it), then forced
         refs = list(pending)
-        _cancel(ray, refs, force=False)
-        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
-        _cancel(ray, refs, force=True)
+        if refs:
+            _cancel(ray, refs, force=False)
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+            _cancel(ray, refs, force=True)
+        if terms:
+            raise KeyboardInterrupt("SIGTERM") from None
         raise
     finally:
         if old_term is not None:

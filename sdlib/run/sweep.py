@@ -104,7 +104,7 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
         return _locked_sweep(sweep, store, say, retry_failed, only_methods, env, verbose, quiet, only)
     from sdlib.run import ray_executor  # Ray only for this executor (the module imports it inside functions)
 
-    connection = ray_executor.connect(sweep.ray_address)  # first: no Ray, or no cluster, is one line; nothing started
+    connection = ray_executor.connect(sweep.ray_address, verbose)  # first: no Ray or no cluster is one line, no engine
     try:
         return _locked_sweep(sweep, store, say, retry_failed, only_methods, env, verbose, quiet, only,
                              ray_executor, connection)
