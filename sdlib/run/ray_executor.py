@@ -424,16 +424,6 @@ def run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool
     task = ray.remote(group_task)
     pending: dict = {}
     pgs: dict = {}
-    for g in planned:
-        opts: dict[str, Any] = {"num_cpus": g.resources["num_cpus"], "num_gpus": g.resources["num_gpus"],
-                                "max_retries": 0}
-        if g.resources["bundle"]:
-            pg = placement_group([g.resources["bundle"]], strategy="STRICT_PACK")
-            pgs[id(g)] = pg
-            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-        _started_path(store, g.key).unlink(missing_ok=True)
-        ref = task.options(**opts).remote(sweep_dict, list(g.key), [c.run_id for c in g.cells], fenv, verbose, token)
-        pending[ref] = g
     bars = {id(g): _Progress(store, group_label(g.key), g.cells, enabled=not quiet and not verbose)
             for g in planned}
     started: dict[int, float] = {}
@@ -447,6 +437,17 @@ def run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool
     old_term = signal.signal(signal.SIGTERM, on_term) if sys.platform != "win32" else None
     lost_said = False
     try:
+        for g in planned:  # all at once, longest first: Ray queues those that do not fit yet
+            opts: dict[str, Any] = {"num_cpus": g.resources["num_cpus"], "num_gpus": g.resources["num_gpus"],
+                                    "max_retries": 0}
+            if g.resources["bundle"]:
+                pg = placement_group([g.resources["bundle"]], strategy="STRICT_PACK")
+                pgs[id(g)] = pg
+                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+            _started_path(store, g.key).unlink(missing_ok=True)
+            ref = task.options(**opts).remote(sweep_dict, list(g.key), [c.run_id for c in g.cells], fenv, verbose,
+                                              token)
+            pending[ref] = g
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             for g in pending.values():
