@@ -9,7 +9,7 @@ each, ray.cluster_utils) with real CPU vLLM engines (engine tier, slow; CI runs 
 
 The driver is ``sdlib sweep --executor ray --address ...`` in a process of its own, as a user runs it; processes
 of the sweep carry a marker in their environment (forwarded to the engines as every ``SDLIB_`` variable is).
-Ray listens on the loopback address only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``)."""
+Ray listens on the loopback address only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) and reports no usage."""
 
 from __future__ import annotations
 
@@ -27,13 +27,15 @@ import pytest
 import yaml
 
 from sdlib.paths import REPO_ROOT
+from sdlib.run.ray_executor import RAY_OFFLINE
 from sdlib.run.supervise import shm_files
 from sdlib.store import SweepStore
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-#: Ray's own switch for "this machine only": every Ray process binds and connects to 127.0.0.1.
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: Ray's own switch for "this machine only" (every Ray process binds and connects to 127.0.0.1), and its usage
+#: reporting off (the head would report over the network).
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **RAY_OFFLINE}
 
 
 @pytest.fixture(scope="module")

@@ -72,6 +72,8 @@ NOT_FORWARDED = ("SDLIB_SUPERVISOR_PID",)
 CANCEL_GRACE_S = TERM_GRACE_S + 10.0
 #: Seconds between two looks of the driver at which groups started and which cells are done.
 POLL_S = 1.0
+#: Ray's usage reporting off for a Ray instance this process starts (the user's own setting wins).
+RAY_OFFLINE = {"RAY_USAGE_STATS_ENABLED": "0"}
 #: Ray's switch for killing a worker's child processes when the worker exits (see :func:`connect`).
 RAY_CHILD_KILL = "RAY_kill_child_processes_on_worker_exit"
 
@@ -158,6 +160,10 @@ def connect(address: Optional[str], verbose: bool = False) -> dict[str, Any]:
         check_reachable(hostport)
     import logging
 
+    # telemetry off, as for the engines (sdlib.run.sweep.offline_env): a Ray head started here would otherwise
+    # report usage over the network; the user's own setting wins
+    for k, v in RAY_OFFLINE.items():
+        os.environ.setdefault(k, v)
     env_vars = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                 # a Ray worker that exits because its node's raylet died SIGKILLs its child, our worker, and only
                 # it: vLLM's processes would be left. Off, the worker outlives it, gets its parent-death SIGTERM and

@@ -5,6 +5,8 @@ Faults it survives: the worker dying (its engine processes are ended and its unf
 failed; the sweep goes on), an engine that does not come up in time, Ctrl-C / SIGTERM (the engine is shut down,
 then killed), a kill -9 of this process (the worker dies with it; at the next start any engine group a killed
 sweep left behind is ended and its shared memory removed), and a second sweep on the same folder (refused).
+With ``executor: ray`` (``--executor ray``) each engine group runs the same way in a Ray task on a cluster node
+(:mod:`sdlib.run.ray_executor`).
 
 Usage:
     sdlib sweep configs/embedded_default.yaml
