@@ -49,6 +49,12 @@ DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa
 BATCH_MODES = ("closed_loop", "paper")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+#: How a sweep's engine groups run (:mod:`sdlib.run.ray_executor`): one after another on this machine, or as
+#: tasks on a Ray cluster. How a sweep runs is not what it measures: neither field enters a run id.
+EXECUTORS = ("local", "ray")
+#: The sweep fields that say how it runs, not what it measures: never in a cell's key, and left out of
+#: :meth:`SweepConfig.to_dict` while they hold these defaults (so existing sweeps' provenance does not change).
+RUN_FIELDS: dict[str, Any] = {"executor": "local", "ray_address": None}
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -457,6 +463,9 @@ class SweepConfig:
     engine: EngineConfig = Field(default_factory=EngineConfig)
     seed: Seed = 0
     description: str = ""
+    executor: Literal[EXECUTORS] = "local"  # local | ray (sdlib.run.ray_executor)
+    # executor ray: the cluster (auto: the one `ray start` or RAY_ADDRESS names; HOST:PORT; none: start Ray here)
+    ray_address: Optional[str] = None
 
     @field_validator("name")
     @classmethod
@@ -521,6 +530,8 @@ class SweepConfig:
             if diff:
                 raise ValueError(f"methods.{m.label}.aa_of: an A/A twin must equal {m.aa_of!r} but for its label "
                                  f"(differs in {diff})")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError(f"ray_address: only with executor: ray (executor is {self.executor!r})")
         if self.order == "abba" and self.repeats * self.engine_starts % 2:
             raise ValueError("order: 'abba' runs each block's arms forward, then backward: it needs an even number of "
                              f"runs per arm (repeats x engine_starts, got {self.repeats} x {self.engine_starts})")
@@ -587,7 +598,8 @@ class SweepConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if not (k in RUN_FIELDS and v == RUN_FIELDS[k])}
 
 
 def abba_order(cells: list[Cell], sweep: SweepConfig) -> list[Cell]:

@@ -208,7 +208,7 @@ def folder(tmp_path_factory):
 def no_engine(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("an engine was started")
-    monkeypatch.setattr("sdlib.run.sweep.EngineProcess", refuse)
+    monkeypatch.setattr("sdlib.run.groups.EngineProcess", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 

@@ -55,7 +55,7 @@ class FakeEngine:
 
 @pytest.fixture
 def study(tmp_path, monkeypatch):
-    monkeypatch.setattr("sdlib.run.sweep.EngineProcess", FakeEngine)
+    monkeypatch.setattr("sdlib.run.groups.EngineProcess", FakeEngine)
     FakeEngine.FAIL, FakeEngine.started = False, 0
     model = tmp_path / "models" / "m"
     model.mkdir(parents=True)

@@ -61,7 +61,7 @@ class FakeEngine:
 @pytest.fixture
 def study(tmp_path, monkeypatch):
     """A study folder outside the repository: a model, a JSONL of prompts, a config without results_dir."""
-    monkeypatch.setattr("sdlib.run.sweep.EngineProcess", FakeEngine)
+    monkeypatch.setattr("sdlib.run.groups.EngineProcess", FakeEngine)
     FakeEngine.EXIT, FakeEngine.RAISE, FakeEngine.started = 0, None, 0
     model = tmp_path / "mystudy" / "model"
     model.mkdir(parents=True)
@@ -335,7 +335,7 @@ def test_engine_logs_keep_no_progress_redraws_or_escapes():
 
 def test_engines_run_offline_and_without_telemetry(tmp_path):
     from sdlib.config import parse_sweep
-    from sdlib.run.sweep import _child_env
+    from sdlib.run.groups import _child_env
 
     (tmp_path / "m").mkdir()
     local = parse_sweep({"name": "o", "models": [{"path": str(tmp_path / "m")}], "methods": [{"name": "none"}],

@@ -149,35 +149,45 @@ class SweepCommand(SweepFileCommand):
     plan_minutes: Optional[str] = None
     priority: Optional[str] = None
     blocks: Optional[str] = None
+    executor: Optional[str] = None
+    address: Optional[str] = None
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_cli_args(parser)
-        parser.add_argument("--methods", type=_names, help="only these methods (labels, names or engines, comma-separated)")
+        parser.add_argument("--methods", type=_names,
+                            help="only these methods (labels, names or engines, comma-separated)")
         parser.add_argument("--method", action="append", help=argparse.SUPPRESS)
         parser.add_argument("--batch-sizes", type=_ints, help="only these batch sizes of the config (e.g. 1,8)")
         parser.add_argument("--datasets", type=_names, help="only these workloads of the config")
         parser.add_argument("--num-requests", type=_count, help="every workload measures this many requests (a new "
-                                                        "config: its cells differ from the file's)")
-        parser.add_argument("--dry-run", action="store_true", help="print the cells and engines it would run; start nothing")
+                            "config: its cells differ from the file's)")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="print the cells and engines it would run; start nothing")
         parser.add_argument("--verbose", action="store_true", help="show the engines' own output (always in logs/)")
         parser.add_argument("--no-summary", dest="summary", action="store_false", help="no summary table at the end")
         parser.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
         parser.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
         parser.add_argument("--plan-minutes", metavar="N",
-                       help="run only the whole blocks (model, dataset, batch size: every arm) that sdlib plan "
+                            help="run only the whole blocks (model, dataset, batch size: every arm) that sdlib plan "
                             "--gpu-minutes N selects; done cells are skipped, so rerunning takes the next blocks")
-        parser.add_argument("--priority", help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
+        parser.add_argument("--priority",
+                            help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
         parser.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")
+        # deferred: sdlib.run.ray_executor loads pandas (its store), and only building this parser needs it
+        from sdlib.run.ray_executor import add_executor_arguments
+
+        add_executor_arguments(parser)  # --executor / --address (the Ray executor)
 
     def run(self) -> int:
         # the planner, the supervisor and the store (pandas): imported only when the command runs
         from sdlib.run.plan import plan
         from sdlib.run.preflight import preflight
+        from sdlib.run.ray_executor import executor_from_args
         from sdlib.run.sweep import run_sweep
         from sdlib.store import SweepBusy, SweepStore
 
-        sweep = _load(self.config, self.results_dir, self.num_requests)
+        sweep = executor_from_args(_load(self.config, self.results_dir, self.num_requests), self)
         methods = (self.method or []) + (self.methods or [])
         if methods:
             known = {m.label for m in sweep.methods} | {m.name for m in sweep.methods} | \
@@ -213,7 +223,7 @@ class SweepCommand(SweepFileCommand):
             return 0
 
         # deferred: sdlib.run.sweep loads pydantic, and only this path needs it
-        from sdlib.run.sweep import _on_sigterm
+        from sdlib.run.groups import _on_sigterm
 
         old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM as Ctrl-C: one line, not a traceback
         try:
@@ -298,29 +308,35 @@ class PlanCommand(Command):
     device: str = "NVIDIA H200"
     vllm_version: Optional[str] = None
     paper_matrix: bool = False
+    gpus: Optional[list[int]] = None
     measured: Optional[str] = None
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("config", nargs="?", help="sweep YAML")
         parser.add_argument("--gpu-minutes", metavar="N", help="budget: the blocks that fit in N minutes")
-        parser.add_argument("--priority", help="block order: dataset (default: the config's datasets, then batch sizes), "
-                                           "bs (batch sizes first), or a list of datasets, batch sizes, dataset:bs")
+        parser.add_argument("--priority",
+                            help="block order: dataset (default: the config's datasets, then batch sizes), "
+                                 "bs (batch sizes first), or a list of datasets, batch sizes, dataset:bs")
         parser.add_argument("--batch-sizes", type=_ints, help="only blocks at these batch sizes of the config")
         parser.add_argument("--datasets", type=_names, help="only blocks of these workloads of the config")
-        parser.add_argument("--results-dir", help="the results folder whose done cells are skipped (default: the config's)")
+        parser.add_argument("--results-dir",
+                            help="the results folder whose done cells are skipped (default: the config's)")
         parser.add_argument("--from-scratch", action="store_true", help="plan every cell, as if none were done")
         parser.add_argument("--cells", action="store_true", help="also print every cell's estimate")
         parser.add_argument("--cost-model",
-                        help="engine cost model JSON (default: data/costmodels/h200_replay_engine.json)")
+                            help="engine cost model JSON (default: data/costmodels/h200_replay_engine.json)")
         parser.add_argument("--device", default="NVIDIA H200",
-                        help="device whose engine starts calibrate (default: %(default)s)")
+                            help="device whose engine starts calibrate (default: %(default)s)")
         parser.add_argument("--vllm-version", help="only engine starts recorded with this vLLM (default: any)")
         parser.add_argument("--paper-matrix", action="store_true",
-                        help="the paper's full matrix (6 datasets, 5 methods, k 1-10, bs 1-512, 3 repeats, 8B and "
-                             "70B shapes) in GPU-hours")
+                            help="the paper's full matrix (6 datasets, 5 methods, k 1-10, bs 1-512, 3 repeats, 8B and "
+                            "70B shapes) in GPU-hours")
+        parser.add_argument("--gpus", type=_ints, metavar="N[,N...]", help="with --paper-matrix: its engine groups "
+                            "packed longest first onto N GPUs: makespan against GPU-hours / N (docs/scale.md)")
         parser.add_argument("--measured", nargs="?", const="", metavar="DIR",
-                        help="minutes each recorded invocation under DIR (default data/sweeps) used against its plan")
+                            help="minutes each recorded invocation under DIR (default data/sweeps) used against its "
+                                 "plan")
 
     def run(self) -> int:
         # the planner (pandas, the cost models): imported only when the command runs
@@ -329,9 +345,14 @@ class PlanCommand(Command):
         cost_model = self.cost_model
         if cost_model:  # a path on the command line resolves from where the user stands
             cost_model = str(Path(cost_model).expanduser().resolve())
+        if self.gpus and not self.paper_matrix:
+            raise UsageError("--gpus: only with --paper-matrix")
         if self.paper_matrix:
             planner = budget.calibrated_planner(cost_model, device=self.device, vllm_version=self.vllm_version)
-            print(budget.format_paper_matrix(budget.paper_matrix(planner)))
+            est = budget.paper_matrix(planner)
+            print(budget.format_paper_matrix(est))
+            if self.gpus:  # the matrix packed onto that many GPUs, longest engine group first (docs/scale.md)
+                print("\n" + budget.format_packing(est, planner, self.gpus))
             return 0
         if self.measured is not None:
             planner = budget.Planner(cost_model, budget.Calibration(), self.device, self.vllm_version)
@@ -433,9 +454,10 @@ class CleanCommand(SweepFileCommand):
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_cli_args(parser)
-        parser.add_argument("--stale", action="store_true", help="remove the cells of an older config (not in this one)")
+        parser.add_argument("--stale", action="store_true",
+                            help="remove the cells of an older config (not in this one)")
         parser.add_argument("--cell", action="append", metavar="RUN_ID", help="remove this cell (repeatable), even if "
-                       "git tracks its files")
+                            "git tracks its files")
         parser.add_argument("--yes", "-y", action="store_true", help="delete without asking")
 
     def run(self) -> int:
@@ -510,7 +532,7 @@ class RekeyCommand(SweepFileCommand):
         recorded = parse_sweep(prov_cfg).to_dict()  # the recorded config as today's classes read it (defaults filled)
         current = sweep.to_dict()
         for d in (recorded, current):
-            for k in ("results_dir", "description"):
+            for k in ("results_dir", "description", "executor", "ray_address"):  # how it ran, not what it measured
                 d.pop(k, None)
         if recorded != current:
             diff = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))

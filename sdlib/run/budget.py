@@ -399,13 +399,14 @@ class Planner:
     def group_table(self, cells: pd.DataFrame) -> pd.DataFrame:
         """Per engine group of ``cells`` (in their order): engine start (by its class in that order), process
         overhead, warm-ups (each counted once), cells, total (s)."""
-        rows, kinds = [], set()
+        rows, kinds, starts = [], set(), {}
         for g, cs in cells.groupby("group", sort=False):
             kind = (cs["model_key"].iloc[0], cs["method"].iloc[0])
             cls = "first" if not rows else ("new_kind" if kind not in kinds else "again")
             kinds.add(kind)
-            start_s, matched = self.cal.engine_start_s(cs["model_key"].iloc[0], cs["method"].iloc[0], cls,
-                                                       self.device, self.vllm_version)
+            if (kind, cls) not in starts:  # one look-up per (shape, method, class): thousands of groups repeat them
+                starts[kind, cls] = self.cal.engine_start_s(*kind, cls, self.device, self.vllm_version)
+            start_s, matched = starts[kind, cls]
             warm = float(cs.drop_duplicates("warm_key")["warmup_s"].sum())
             cells_s = float((cs["window_s"] + cs["overhead_s"]).sum())
             rows.append({"group": g, "model": g[0], "engine": g[1], "start": g[2], "cells": len(cs),
@@ -933,6 +934,7 @@ def paper_matrix(planner: Optional[Planner] = None, mx: PaperMatrix = PaperMatri
                                      "method_label": engine, "model_key": mk, "dataset": d, "batch_size": B,
                                      "repeat": rep, "block": (name, d, B), "warm_key": (group, B), "gpus": gpus,
                                      **{**r, "warmup_s": r["warmup_s"] * s, "window_s": r["window_s"] * s},
+                                     "warmup_each_s": r["warmup_s"] * s,  # before it is kept once per warm_key
                                      "overhead_s": planner.cal.cell_overhead_s, "done": False})
     cells = _assign_warmups(pd.DataFrame(rows))
     groups = pd.concat([planner.group_table(cells[cells["model"] == name]).assign(gpus=gpus)
@@ -964,6 +966,74 @@ def format_paper_matrix(est: SweepEstimate, mx: PaperMatrix = PaperMatrix()) -> 
     lines.append(f"total: {tot:.1f} GPU-hours ({len(g)} engine starts, {len(c)} cells)")
     per = c.assign(gpu_s=c["est_s"] * c["gpus"]).groupby("method", sort=False)["gpu_s"].sum() / 3600
     lines.append("cells' GPU-hours by method: " + ", ".join(f"{m} {h:.1f}" for m, h in per.items()))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- packing onto many GPUs
+#: How the paper matrix's engine groups may be cut for many GPUs (:func:`split_groups`): ``engine``, one engine
+#: start per (shape, method, k) as priced; ``dataset``, one per (shape, method, k, dataset); ``block``, one per
+#: (shape, method, k, dataset, batch size): each piece with its own engine start and warm-ups.
+SPLITS = ("engine", "dataset", "block")
+
+
+def pack_longest_first(durations_s: Sequence[float], gpus: Sequence[int], n_gpus: int) -> tuple[float, list]:
+    """List scheduling, longest job first (LPT): each job (an engine group) takes the ``gpus[i]`` GPUs that come
+    free first, starts when the last of them does and holds them all for ``durations_s[i]``. Returns the makespan
+    (s) and each job's start (s). What a Ray cluster does with the groups submitted longest first
+    (:mod:`sdlib.run.ray_executor`); GPUs are one pool (a tensor-parallel group is not kept inside one node
+    here)."""
+    if n_gpus < 1:
+        raise ValueError("n_gpus: at least one GPU")
+    free = [0.0] * n_gpus  # when each GPU comes free
+    starts = [0.0] * len(durations_s)
+    for i in sorted(range(len(durations_s)), key=lambda j: -durations_s[j]):
+        g = int(gpus[i])
+        if not 1 <= g <= n_gpus:
+            raise ValueError(f"a job needs {g} GPU(s), the pool has {n_gpus}")
+        free.sort()
+        t = free[g - 1]
+        free[:g] = [t + durations_s[i]] * g
+        starts[i] = t
+    return max(free), starts
+
+
+def split_groups(est: SweepEstimate, planner: Planner, split: str) -> pd.DataFrame:
+    """The paper matrix's engine groups (:func:`paper_matrix`) cut as ``split`` says (:data:`SPLITS`): one row
+    per group with ``total_s`` and ``gpus``; each piece pays its own engine start, process and warm-ups."""
+    if split not in SPLITS:
+        raise ValueError(f"split: {split!r} is not one of {SPLITS}")
+    if split == "engine":
+        return est.groups
+    c = est.cells
+    group = [(*g[:2], d) if split == "dataset" else (*g[:2], d, b)
+             for g, d, b in zip(c["group"], c["dataset"], c["batch_size"])]
+    cells = c.assign(group=group, warm_key=[(g, b) for g, b in zip(group, c["batch_size"])],
+                     warmup_s=c["warmup_each_s"])
+    cells = _assign_warmups(cells)
+    return pd.concat([planner.group_table(cells[cells["model"] == m]).assign(gpus=int(cs["gpus"].iloc[0]))
+                      for m, cs in cells.groupby("model", sort=False)], ignore_index=True)
+
+
+def format_packing(est: SweepEstimate, planner: Planner, gpu_counts: Sequence[int]) -> str:
+    """The paper matrix on ``gpu_counts`` GPUs (``sdlib plan --paper-matrix --gpus 8,64,512``): per split of its
+    engine groups (:func:`split_groups`) and GPU count, the longest-first makespan (:func:`pack_longest_first`)
+    against the ideal (GPU-hours / GPUs)."""
+    lines = ["packing onto GPUs: engine groups longest first, each holding its shape's GPUs (tensor-parallel size) "
+             "from its engine start to its last cell; +GPU-h = the split's extra engine starts, processes and "
+             "warm-ups; ideal = GPU-hours / GPUs; busy = ideal / makespan",
+             f"{'split':<8} {'groups':>6} {'GPU-h':>7} {'+GPU-h':>7} {'longest h':>9} {'GPUs':>5} {'makespan h':>10} "
+             f"{'ideal h':>7} {'busy':>5}"]
+    base = None
+    for split in SPLITS:
+        g = split_groups(est, planner, split)
+        dur, gpus = g["total_s"].tolist(), g["gpus"].astype(int).tolist()
+        gpu_h = float((g["total_s"] * g["gpus"]).sum()) / 3600
+        base = gpu_h if base is None else base
+        for n in gpu_counts:
+            span = pack_longest_first(dur, gpus, n)[0] / 3600
+            ideal = gpu_h / n
+            lines.append(f"{split:<8} {len(g):>6} {gpu_h:>7.1f} {gpu_h - base:>7.1f} {max(dur) / 3600:>9.2f} {n:>5} "
+                         f"{span:>10.2f} {ideal:>7.2f} {100 * ideal / span:>4.0f}%")
     return "\n".join(lines)
 
 

@@ -5,6 +5,8 @@ Faults it survives: the worker dying (its engine processes are ended and its unf
 failed; the sweep goes on), an engine that does not come up in time, Ctrl-C / SIGTERM (the engine is shut down,
 then killed), a kill -9 of this process (the worker dies with it; at the next start any engine group a killed
 sweep left behind is ended and its shared memory removed), and a second sweep on the same folder (refused).
+With ``executor: ray`` (``--executor ray``) each engine group runs the same way in a Ray task on a cluster node
+(:mod:`sdlib.run.ray_executor`).
 
 Usage:
     sdlib sweep configs/embedded_default.yaml
@@ -13,73 +15,17 @@ Usage:
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import socket
 import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
-from tqdm.auto import tqdm
-
 from sdlib.config import SweepConfig, load_sweep
-from sdlib.paths import REPO_ROOT, resolve
-from sdlib.run.plan import model_cards, plan
-from sdlib.run.preflight import hub_reachable, preflight
-from sdlib.run.supervise import EngineProcess, end_group, group_alive, remove_unused
-from sdlib.store import FolderLock, SweepStore, git_commit, utc_now, write_json_atomic
-from sdlib.workloads.datasets import PACKAGE_SOURCES
-
-
-def _orphans(store: SweepStore) -> int:
-    """End the engine groups a killed sweep left running (their records in ``.engines/``); returns how many."""
-    d = store.dir / ".engines"
-    n = 0
-    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
-            rec = {}
-        pgid = rec.get("pgid")
-        known = [str(x) for x in rec.get("shm") or [] if str(x).startswith("/dev/shm/")]
-        if isinstance(pgid, int) and rec.get("host") == socket.gethostname():
-            if group_alive(pgid):
-                end_group(pgid, grace_s=5.0, known=known)
-                n += 1
-            else:  # the group is gone: the /dev/shm files it was seen mapping may not be
-                remove_unused(known)
-        f.unlink(missing_ok=True)
-    return n
-
-
-class _Progress:
-    """One line per engine group: a live bar on a terminal, a plain line per finished cell otherwise."""
-
-    def __init__(self, store: SweepStore, label: str, cells: list, enabled: bool):
-        self.store, self.label, self.cells, self.enabled = store, label, cells, enabled
-        self.done: set[str] = set()
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            self.bar = tqdm(total=len(cells), desc=label, unit="cell", file=sys.stderr, leave=True)
-
-    def poll(self) -> None:
-        if not self.enabled:
-            return
-        for c in self.cells:
-            if c.run_id not in self.done and (self.store.dir / "runs" / f"{c.run_id}.parquet").exists():
-                self.done.add(c.run_id)
-                if self.bar is not None:
-                    self.bar.update(1)
-                else:
-                    print(f"{self.label}: {len(self.done)}/{len(self.cells)} cells "
-                          f"({c.workload.label} bs={c.batch_size} done)", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        self.poll()
-        if self.bar is not None:
-            self.bar.close()
+from sdlib.run.groups import _child_env, _on_sigterm, _orphans, begin_invocation, end_invocation, run_group
+from sdlib.run.plan import plan
+from sdlib.run.preflight import preflight
+from sdlib.store import FolderLock, SweepStore
 
 
 def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet: bool = False,
@@ -97,7 +43,25 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
     preflight(sweep)
     store = SweepStore(sweep.out_dir)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    with FolderLock(store.dir):
+    if sweep.executor != "ray":
+        return _locked_sweep(sweep, store, say, retry_failed, only_methods, env, verbose, quiet, only)
+    from sdlib.run import ray_executor  # Ray only for this executor (the module imports it inside functions)
+
+    connection = ray_executor.connect(sweep.ray_address, verbose)  # first: no Ray or no cluster is one line, no engine
+    try:
+        return _locked_sweep(sweep, store, say, retry_failed, only_methods, env, verbose, quiet, only,
+                             ray_executor, connection)
+    finally:
+        ray_executor.disconnect()
+
+
+def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only_methods, env, verbose, quiet, only,
+                  ray_executor=None, connection=None) -> SweepStore:
+    with FolderLock(store.dir) as lock:
+        if ray_executor is not None:  # each node ends what a killed sweep left on it, before the records go
+            n_remote = ray_executor.end_orphans_on_nodes(store, ray_executor.alive_nodes())
+            if n_remote:
+                say(f"sweep {sweep.name}: ended {n_remote} engine group(s) a killed sweep left running on the nodes")
         n_orphans = _orphans(store)
         if n_orphans:
             say(f"sweep {sweep.name}: ended {n_orphans} engine group(s) a killed sweep left running")
@@ -120,124 +84,29 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
             say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
                 f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
             return store
-        _run_groups(sweep, store, groups, env, verbose, quiet, say)
+        if ray_executor is not None:
+            ray_executor.run_groups(sweep, store, groups, env, verbose, quiet, say, lock.lease, connection)
+        else:
+            _run_groups(sweep, store, groups, env, verbose, quiet, say)
         done = store.done_ids()
         store.outcome["done"] = [r for r in planned if r in done]
         store.outcome["failed"] = [r for r in planned if r not in done]
     return store
 
 
-def _last_worker_line(log_file: Path) -> str:
-    """``: <line>`` for the worker's own last one-line message (``worker: ...``) in its log, else ''."""
-    try:
-        with open(log_file, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - 4096))
-            tail = fh.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    lines = [x.strip() for x in tail if x.startswith("worker: ")]
-    return f" ({lines[-1][len('worker: '):]})" if lines else ""
-
-
-def offline_env(sweep: SweepConfig) -> dict[str, str]:
-    """Variables that keep the engines from calling home: vLLM's usage statistics and other telemetry off
-    always; the Hugging Face libraries offline when every model is a local folder or the Hub is unreachable
-    (so nothing waits on a network that is not there). The user's own settings win."""
-    out = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-
-    paths = [m.path for m in sweep.models] + [m.tokenizer for m in sweep.models if m.tokenizer] + \
-        [me.model for me in sweep.methods if me.model and me.name != "custom"]
-    hub_data = any(w.source == "hub" or (w.source == "auto" and not w.path and w.dataset not in PACKAGE_SOURCES)
-                   for w in sweep.workloads)
-    if (all(resolve(p).exists() for p in paths) and not hub_data) or not hub_reachable():
-        out.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-    return out
-
-
-def _child_env(env: Optional[dict[str, str]], sweep: Optional[SweepConfig] = None) -> dict[str, str]:
-    child_env = {**(offline_env(sweep) if sweep is not None else {}), **os.environ, "PYTHONUNBUFFERED": "1",
-                 **(env or {})}
-    child_env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    child_env["SDLIB_SUPERVISOR_PID"] = str(os.getpid())
-    return child_env
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt("SIGTERM")
-
-
 def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool, quiet: bool, say) -> None:
-    total = sum(len(c) for c in groups.values())
-    entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": socket.gethostname(),
-             "cells_planned": total, "cells_already_done": len(store.done_ids()), "models": model_cards(sweep),
-             "engines": []}
-    store.record_invocation(sweep.to_dict(), entry)
-    say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")
+    begin_invocation(sweep, store, groups, say)
     child_env = _child_env(env, sweep)
     engines = []
-    run_dir = store.dir / ".run"
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if sys.platform != "win32" else None
     try:
-        for (model_name, method_label, start), cells in groups.items():
-            tag = f"{model_name}__{method_label}" + (f"__start{start}" if start else "")
-            if start:
-                method_label = f"{method_label} (start {start})"
-            spec_path, env_out = run_dir / f"{tag}.spec.json", run_dir / f"{tag}.env.json"
-            env_out.unlink(missing_ok=True)
-            write_json_atomic({"sweep": sweep.to_dict(), "run_ids": [c.run_id for c in cells],
-                               "env_out": str(env_out)}, spec_path)
-            log_file = store.log_path(tag)
-            say(f"[{model_name} / {method_label}] starting an engine for {len(cells)} cell(s); log: {log_file}")
-            progress = _Progress(store, f"[{model_name} / {method_label}]", cells, enabled=not quiet and not verbose)
-            proc = EngineProcess([sys.executable, "-m", "sdlib", "worker", str(spec_path)], log_file, env=child_env,
-                                 cwd=str(REPO_ROOT), env_out=env_out, echo=verbose)
-            marker = store.dir / ".engines" / f"{proc.pgid}.json"
-            rec = {"pgid": proc.pgid, "host": socket.gethostname(), "started_at": utc_now(), "group": tag, "shm": []}
-            write_json_atomic(rec, marker)
-            # the /dev/shm files the group maps, kept in the marker: a later sweep unlinks what a killed one left
-            proc.on_shm = lambda seen, rec=rec, marker=marker: write_json_atomic({**rec, "shm": sorted(seen)}, marker)
-            try:
-                outcome = proc.wait(startup_timeout_s=sweep.engine.startup_timeout_s, on_poll=progress.poll)
-            except BaseException:  # Ctrl-C, SIGTERM: end the engine and everything it started, then stop
-                proc.terminate()
-                marker.unlink(missing_ok=True)
-                raise
-            finally:
-                progress.close()
-            marker.unlink(missing_ok=True)
-            info = json.loads(env_out.read_text()) if env_out.exists() else {"model": model_name,
-                                                                             "method": method_label}
-            info["exit_code"] = outcome.exit_code
-            if outcome.reason:
-                info["error"] = outcome.reason
-            engines.append(info)
-            if not outcome.ok:
-                reason = outcome.reason + _last_worker_line(log_file)
-                recorded = 0
-                for c in cells:
-                    if not store.is_done(c.run_id) and not (store.dir / "failures" / f"{c.run_id}.json").exists():
-                        store.write_failure(c.run_id, {
-                            "model": model_name, "method_label": method_label, "dataset": c.workload.dataset,
-                            "batch_size": c.batch_size, "repeat": c.repeat,
-                            "error": f"{reason}; see {log_file}"})
-                        recorded += 1
-                left = sum(not store.is_done(c.run_id) for c in cells)
-                say(f"[{model_name} / {method_label}] {reason}; " + (
-                    f"{recorded} failure(s) recorded, going on" if recorded else
-                    f"its {len(cells)} cell(s) were already finished, nothing to record" if not left else
-                    f"{left} cell(s) not done (their failures were recorded by the engine process), going on"))
+        for key, cells in groups.items():
+            engines.append(run_group(sweep, store, key, cells, child_env, verbose, quiet, say))
             store.update_invocation(-1, {"engines": engines})
-            spec_path.unlink(missing_ok=True)
-            env_out.unlink(missing_ok=True)
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-    ids = {c.run_id for c in sweep.cells()}
-    done = store.done_ids() & ids
-    store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(done),
-                                 "cells_failed": len(store.failures())})
-    say(f"sweep {sweep.name}: {len(done)} of {len(ids)} cell(s) done, {len(store.failures())} failed")
+    end_invocation(sweep, store, say)
 
 
 __all__ = ["run_sweep"]

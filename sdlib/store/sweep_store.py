@@ -11,6 +11,7 @@ Layout of ``<results_dir>/<sweep>/``::
     replay/<run_id>.json           trace replay: each request's steps and vLLM's counters checked against the plan
     failures/<run_id>.json         a cell that failed (removed when it later succeeds)
     provenance.json                sweep config + one entry per invocation (vLLM version, device, commit, ...)
+    .sweep.lock, .sweep.lease      who runs a sweep here (FolderLock: flock, and a lease for shared file systems)
     logs/                          engine process logs (not committed)
 
 Usage:
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 
 from sdlib.paths import resolve
 from sdlib.store.files import sha256_file, write_json_atomic, write_parquet_atomic
+from sdlib.store.lease import Lease, LeaseBusy
 from sdlib.store.provenance import utc_now
 from sdlib.store.schema import TABLES, columns, conform
 
@@ -323,16 +325,20 @@ class SweepStore:
         return p
 
 
-class SweepBusy(RuntimeError):
+class SweepBusy(LeaseBusy):
     """Another process holds the results folder's lock; the message says who."""
 
 
 class FolderLock:
-    """An exclusive lock on a results folder (``.sweep.lock``, flock: released when the holder dies)."""
+    """An exclusive lock on a results folder: an flock on ``.sweep.lock`` (released when the holder dies), and a
+    lease, ``.sweep.lease``, refreshed by a thread while the lock is held, for hosts sharing the folder over a
+    network file system where flock may not reach across hosts (:mod:`sdlib.store.lease`). ``lease.lost`` says
+    when another sweep has taken the folder over."""
 
     def __init__(self, folder: Path):
         self.path = Path(folder) / ".sweep.lock"
         self._fh = None
+        self.lease: Optional[Lease] = None
 
     def __enter__(self) -> "FolderLock":
 
@@ -346,6 +352,11 @@ class FolderLock:
             fh.close()
             raise SweepBusy(f"results folder {self.path.parent} is in use by {holder}; wait for it, or use another "
                             "--results-dir") from None
+        try:
+            self.lease = Lease(self.path.parent).take().start()
+        except LeaseBusy as err:
+            fh.close()
+            raise SweepBusy(str(err)) from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {utc_now()}\n")
@@ -354,6 +365,8 @@ class FolderLock:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.lease is not None:
+            self.lease.release()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
