@@ -21,16 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import (
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import (BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
+                      model_validator)
 from pydantic.dataclasses import dataclass
 
 import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)

@@ -125,6 +125,14 @@ class SweepFileCommand(ConfigCommand):
 
     epilog = PATHS_HELP
 
+    def sweep_and_store(self):
+        """The config as given (``--results-dir`` applied) and the store of its results folder."""
+        # deferred: sdlib.store loads pandas, and only the command's run needs it
+        from sdlib.store import SweepStore
+
+        sweep = _load(self.config, self.results_dir)
+        return sweep, SweepStore(sweep.out_dir)
+
 
 @dataclass
 class SweepCommand(SweepFileCommand):
@@ -411,10 +419,7 @@ class StatusCommand(SweepFileCommand):
     results_help = "the results folder the sweep was run with (default: the config's)"
 
     def run(self) -> int:
-        from sdlib.store import SweepStore  # pandas, pyarrow: only when the command runs
-
-        sweep = _load(self.config, self.results_dir)
-        store = SweepStore(sweep.out_dir)
+        sweep, store = self.sweep_and_store()
         cells = sweep.cells()
         ids = {c.run_id for c in cells}
         done = store.done_ids() & ids
@@ -461,14 +466,13 @@ class CleanCommand(SweepFileCommand):
         parser.add_argument("--yes", "-y", action="store_true", help="delete without asking")
 
     def run(self) -> int:
-        from sdlib.store import FolderLock, SweepBusy, SweepStore  # pandas, pyarrow: only when the command runs
+        from sdlib.store import FolderLock, SweepBusy  # pandas, pyarrow: only when the command runs
         from sdlib.store.provenance import git_tracked
 
         named = set(self.cell or [])
         if not self.stale and not named:
             raise UsageError("clean: say what to remove (--stale, or --cell RUN_ID)")
-        sweep = _load(self.config, self.results_dir)
-        store = SweepStore(sweep.out_dir)
+        sweep, store = self.sweep_and_store()
         if not store.dir.is_dir():
             print(f"{sweep.name}: {store.dir} does not exist; nothing to delete")
             return 0
@@ -521,11 +525,10 @@ class RekeyCommand(SweepFileCommand):
 
     def run(self) -> int:
         from sdlib.config import parse_sweep  # pydantic, the policy registry (pandas): only when the command runs
-        from sdlib.store import FolderLock, SweepBusy, SweepStore
+        from sdlib.store import FolderLock, SweepBusy
         from sdlib.store.rekey import cell_coordinates, rekey
 
-        sweep = _load(self.config, self.results_dir)
-        store = SweepStore(sweep.out_dir)
+        sweep, store = self.sweep_and_store()
         prov_cfg = store.read_provenance().get("config")
         if not prov_cfg:
             raise UsageError(f"rekey: {store.dir} has no recorded config (provenance.json)")
