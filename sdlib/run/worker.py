@@ -328,6 +328,10 @@ def _on_term(signum, frame):  # noqa: ARG001
         time.sleep(15)
         _end_own_group()
 
+    try:  # what the group maps now: unwinding may end vLLM's engine core before _end_own_group looks
+        _SHM_SEEN.update(shm_files(group_pids(os.getpgid(0))))
+    except Exception:  # noqa: BLE001 - looking must never keep the worker from stopping
+        pass
     threading.Thread(target=hard_stop, daemon=True).start()
     raise KeyboardInterrupt("SIGTERM")
 
