@@ -591,6 +591,10 @@ class SweepConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        for w in d.get("workloads", []):  # a workload's selections at their default: as configs written before them
+            for k in WORKLOAD_SELECTIONS:
+                if w.get(k) is None:
+                    w.pop(k, None)
         return {k: v for k, v in d.items() if not (k in RUN_FIELDS and v == RUN_FIELDS[k])}
 
 

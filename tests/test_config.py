@@ -298,3 +298,23 @@ def test_run_ids_of_shape_models_are_computed_without_writing_files(tmp_path, mo
     monkeypatch.undo()
     d = shapes.write_shape("llama-3.1-8b", tmp_path / "written")
     assert C._folder_fingerprint(str(d), 0.0) == C.model_fingerprint("@shapes/llama-3.1-8b")
+
+
+def test_a_config_recorded_before_fields_were_added_is_not_rewritten(tmp_path):
+    """A sweep that runs nothing records its config as current; when the recorded config reads as the same one
+    today (it only lacks fields added since, at their defaults), provenance.json keeps it, so a fresh clone's
+    `make figures` leaves the committed file as it is."""
+    from sdlib.run.sweep import recorded_form
+    from sdlib.store import SweepStore
+
+    sweep = load_sweep(CONFIGS_DIR / "embedded_default.yaml")
+    old = sweep.to_dict()
+    old.pop("engine_starts", None)
+    for m in old["methods"]:
+        m.pop("aa_of", None)
+    store = SweepStore(tmp_path / "s")
+    store.set_current(old, [c.run_id for c in sweep.cells()])
+    assert recorded_form(sweep, store) == old
+    changed = dict(old, seed=old["seed"] + 1)
+    store.set_current(changed, [])
+    assert recorded_form(sweep, store) == sweep.to_dict()  # another config: the current one is recorded

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
-from sdlib.config import SweepConfig, load_sweep
+from sdlib.config import ConfigError, SweepConfig, load_sweep, parse_sweep
 from sdlib.run.groups import _child_env, _on_sigterm, _orphans, begin_invocation, end_invocation, run_group
 from sdlib.run.plan import plan
 from sdlib.run.preflight import preflight
@@ -55,6 +55,19 @@ def run_sweep(config: str | Path | SweepConfig, retry_failed: bool = True, quiet
         ray_executor.disconnect()
 
 
+def recorded_form(sweep: SweepConfig, store: SweepStore) -> dict[str, Any]:
+    """The config to record as current: the one already recorded when it reads as the same config today (fields
+    added to sdlib since, at their defaults, do not rewrite a committed provenance.json), else ``sweep``'s."""
+    current = sweep.to_dict()
+    recorded = store.read_provenance().get("config")
+    if not recorded or recorded == current:
+        return current
+    try:
+        return recorded if parse_sweep(recorded).to_dict() == current else current
+    except ConfigError:  # recorded by an sdlib whose configs today's no longer reads
+        return current
+
+
 def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only_methods, env, verbose, quiet, only,
                   ray_executor=None, connection=None) -> SweepStore:
     with FolderLock(store.dir) as lock:
@@ -65,7 +78,7 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
         n_orphans = _orphans(store)
         if n_orphans:
             say(f"sweep {sweep.name}: ended {n_orphans} engine group(s) a killed sweep left running")
-        store.set_current(sweep.to_dict(), [c.run_id for c in sweep.cells()])
+        store.set_current(recorded_form(sweep, store), [c.run_id for c in sweep.cells()])
         groups = plan(sweep, store, retry_failed=retry_failed)
         if only_methods:
             groups = OrderedDict((g, c) for g, c in groups.items()
