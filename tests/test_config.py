@@ -318,3 +318,15 @@ def test_a_config_recorded_before_fields_were_added_is_not_rewritten(tmp_path):
     changed = dict(old, seed=old["seed"] + 1)
     store.set_current(changed, [])
     assert recorded_form(sweep, store) == sweep.to_dict()  # another config: the current one is recorded
+
+
+def test_the_worker_writes_the_shapes_its_engine_loads(tmp_path, monkeypatch):
+    """Run ids no longer write shape folders, so the worker writes the ones its engine loads on its own host (a
+    Ray task may run where the supervisor's preflight did not)."""
+    from sdlib.models import shapes
+    from sdlib.run import worker
+
+    written = []
+    monkeypatch.setattr(worker, "write_shape", written.append)
+    worker.write_shapes(load_sweep(CONFIGS_DIR / "h200_replay.yaml"))
+    assert sorted(written) == ["eagle3-llama-3.1-8b", "llama-3.1-8b"] and set(written) <= set(shapes.SHAPES)

@@ -27,6 +27,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sdlib.config import parse_sweep
+from sdlib.models.shapes import write_shape
 from sdlib.run.driver import drive
 from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
 from sdlib.store import SweepStore, utc_now, write_json_atomic
@@ -51,6 +52,14 @@ def _environment(llm) -> dict[str, Any]:
     }
 
 
+def write_shapes(sweep) -> None:
+    """Write the ``@shapes/<name>`` folders the engine loads on this host (run ids hash their files without them;
+    the supervisor's preflight writes them only where it runs, and a Ray task may run elsewhere)."""
+    for path in {m.path for m in sweep.models} | {m.model for m in sweep.methods if m.model}:
+        if path.startswith("@shapes/"):
+            write_shape(path[len("@shapes/"):])
+
+
 def run_group(spec: dict[str, Any]) -> int:
     """Run the cells named in ``spec`` on one engine. Returns a process exit code."""
     # deferred: sdlib.extract.tables loads pandas, and only this path needs it
@@ -61,6 +70,7 @@ def run_group(spec: dict[str, Any]) -> int:
     from sdlib.workloads import load_prompts, load_trace_table
 
     sweep = parse_sweep(spec["sweep"])
+    write_shapes(sweep)
     wanted = set(spec["run_ids"])
     cells = [c for c in sweep.cells() if c.run_id in wanted]
     if len(cells) != len(wanted):  # the supervisor and this process must agree on every cell's identity
