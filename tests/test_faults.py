@@ -28,31 +28,9 @@ from sdlib.paths import MODELS_DIR, REPO_ROOT
 from tests.conftest import sigint_as_at_a_terminal
 from sdlib.run.supervise import shm_files
 from sdlib.store import SweepStore
+from tests.procs import cmdline as _cmdline, ours as _ours
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-
-def _ours(marker: str) -> list[int]:
-    """Live processes started by this test's sweeps (they carry the marker in their environment)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (d / "environ").read_bytes():
-                stat = (d / "stat").read_text()
-                if stat[stat.rindex(")") + 2] != "Z":
-                    out.append(int(d.name))
-        except OSError:
-            continue
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from sdlib.paths import REPO_ROOT
 from sdlib.run.ray_executor import RAY_OFFLINE
 from sdlib.run.supervise import shm_files
 from sdlib.store import SweepStore
+from tests.procs import cmdline as _cmdline, ours as _ours, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -92,43 +93,9 @@ def _sweep(p: Path, out: Path, marker: str, *extra: str, wait: bool = True):
     return proc.returncode, text
 
 
-def _ours(marker: str) -> list[int]:
-    """Live processes of this test's sweeps: the driver and every engine process (they carry the marker)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (d / "environ").read_bytes():
-                stat = (d / "stat").read_text()
-                if stat[stat.rindex(")") + 2] != "Z":
-                    out.append(int(d.name))
-        except OSError:
-            continue
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def _ppid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rindex(")") + 2:].split()[1])
-
-
-def _wait_for(cond, timeout: float, what: str):
-    t0 = time.monotonic()
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _no_orphans(marker: str, within_s: float = 30.0) -> None:
@@ -208,7 +175,7 @@ def test_a_killed_node_fails_its_cells_the_rest_complete_and_resume_redoes_them(
                 os.kill(pid, signal.SIGCONT)
             return None
 
-        found = _wait_for(a_worker_mid_cell, 600, "an engine up with cells to do")
+        found = wait_for(a_worker_mid_cell, 600, "an engine up with cells to do", every=0.2)
         task_pid = _ppid(found["pid"])  # the worker's supervisor: the Ray worker running its group's task
         raylet = _ppid(task_pid)
         node = next(w for w in workers if w.all_processes["raylet"][0].process.pid == raylet)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -23,40 +22,7 @@ from sdlib.paths import MODELS_DIR, REPO_ROOT
 from sdlib.run.supervise import SHM_DIR, mapped_shm, remove_unused, shm_files
 from sdlib.store import SweepStore, empty_table
 from tests.conftest import sigint_as_at_a_terminal
-
-
-def _ours(marker: str) -> list[int]:
-    """Live processes that carry ``marker`` in their environment (started by this test's sweep)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (d / "environ").read_bytes():
-                stat = (d / "stat").read_text()
-                if stat[stat.rindex(")") + 2] != "Z":
-                    out.append(int(d.name))
-        except OSError:
-            continue
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _until(cond, timeout: float, what: str, every: float = 0.05):
-    t0 = time.monotonic()
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
+from tests.procs import cmdline as _cmdline, ours as _ours, wait_for as _until
 
 
 @pytest.fixture(scope="module")
