@@ -2,7 +2,9 @@
 logistic estimator turns each draft's confidence into an acceptance probability, and the batch verifies only
 the draft slots worth their price (policy ``vllm-adaptive-verification``; ``-k<K>`` instances draft K).
 
-The rule, read from the vLLM 0.34.0 wheel (PRs vllm-project/vllm#47808 and #52228):
+The rule, read from the vLLM 0.34.0 wheel (vllm-project/vllm#47808 "DSpark confidence-scheduled verification";
+#52228 "Acceptance estimation for adaptive verification", which extends it to every draft-model speculator,
+EAGLE-3 included, with the estimator below):
 
 * ``vllm/v1/worker/gpu/spec_decode/acceptance_estimator.py`` (``OnlineAcceptanceEstimator``): per drafted token
   the feature ``f = logit(q(top token))`` of the draft distribution, clamped to +-40 (``_MAX_LOG_ODDS``); per
@@ -16,8 +18,10 @@ The rule, read from the vLLM 0.34.0 wheel (PRs vllm-project/vllm#47808 and #5222
 * ``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py`` (``AdaptiveVerificationManager``): slot (row,
   position ``j``) score = survival ``S_j = p_1 * ... * p_j``. The budget (``get_num_tokens``) is
   ``B = argmax_b (rows + sum of the top-b scores) / (draft_cost[rows] + verify_cost[rows + b])`` over
-  ``b = 0..`` the drafted slots (no minimum), scored on the *previous* step's predictions (``_stale_confidences``;
-  a new request's are 1.0); the cost tables are profiled at start-up at a context of
+  ``b = 0..`` the drafted slots (no minimum), scored on the *previous* step's predictions (``_stale_confidences``:
+  ``sample_tokens`` of step N records the predictions of the drafts step N + 1 verifies, and ``prepare_inputs``
+  of step N + 1 sizes the budget from the slot recorded at step N - 1, i.e. the drafts step N verified; a new
+  request's are 1.0); the cost tables are profiled at start-up at a context of
   ``VLLM_ADAPTIVE_VERIFICATION_PROFILE_CONTEXT_LEN = 8192`` tokens per row (``vllm/envs.py``). The top-B slots
   of the current step's scores are then verified (``assign_draft_token_budget``; ties handed out in request
   order); survival falls along a row, so each row verifies a prefix.
@@ -41,7 +45,7 @@ Mapped onto the simulator (and where it deviates from vLLM):
   :func:`choose_budget` on the tiled scores; a test checks it). Copies give the estimator B identical
   observations a step.
 * **feature**: the trace's recorded top-1 probability ``c`` of each draft (:mod:`sdlib.sim.policy.confidence`,
-  the head's softmax at temperature 1 over its draft vocabulary, i.e. greedy drafting) as
+  the head's softmax over its draft vocabulary, unscaled: vLLM leaves a greedy request's logits unscaled too) as
   ``log(c / (1 - c))``, clamped to +-40; vLLM computes it from the draft logits in float32 (the simulator in
   float64: no float32 ties at ``p = 1``).
 * **estimator state**: one estimator per (configuration, dataset), carried across that dataset's requests
