@@ -42,7 +42,7 @@ _pack() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
   cp -f "$SESS/queue.log" "$SESS/status" "$OUT/" 2>/dev/null
-  tar czf "$SESS/logs.tgz" -C "$SESS" --exclude=logs.tgz --exclude=res.tgz . 2>/dev/null && cp "$SESS/logs.tgz" "$OUT/"
+  tar czf "$SESS/logs.tgz" -C "$SESS" --exclude=logs.tgz --exclude=res.tgz . 2>/dev/null; cp "$SESS/logs.tgz" "$OUT/"
   if [ -d "$RES" ]; then
     tar czf "$SESS/res.tgz" -C "$RES" . && split -b 15M -d "$SESS/res.tgz" "$OUT/res.tgz.part"
     ls -l "$OUT"

@@ -345,7 +345,7 @@ def run_engine(name: str, kw: dict, bss=(1, 8), extra=None) -> None:
         start_s = round(time.time() - t, 1)
         runs = [generate(llm, b) for b in bss]
         more = extra(llm) if extra else {}
-        ok = all(r["tok_s"] > 0 for r in runs) and more.get("ok", True)
+        ok = all(r["tok_s"] > 0 for r in runs) and more.pop("ok", True)
         emit(name, ok, engine_start_s=start_s, runs=runs, speculative_config=kw.get("speculative_config"), **more)
     finally:
         close(llm)
