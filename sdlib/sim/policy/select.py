@@ -195,11 +195,13 @@ def _gain_costs(pr: SelectPrices, kv: np.ndarray, a_ng: np.ndarray, a_eg: np.nda
 
 
 def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, chunk: int = 1 << 16,
-                        values: Optional[dict] = None) -> PolicySteps:
+                        values: Optional[dict] = None, lmax: Optional[int] = None) -> PolicySteps:
     """Oracle Select's steps at batch size ``B`` under ``cm`` (module docstring). ``values``: a dict that gets
-    ``V1`` (R,), the program's least decode time of each request from position 1 (s, without the prefill)."""
+    ``V1`` (R,), the program's least decode time of each request from position 1 (s, without the prefill).
+    ``lmax``: the longest proposal (default :data:`KMAX`, the longest any registered policy proposes; the
+    tests' brute force takes fewer)."""
     prep = inp.prep
-    pr = select_prices(cm, B, max(int(inp.kmax), KMAX))
+    pr = select_prices(cm, B, max(int(inp.kmax), KMAX) if lmax is None else int(lmax))
     G = pr.lmax + 1
     L = inp.lengths("mixed").astype(np.int64)
     R = L.size
