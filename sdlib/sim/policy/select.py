@@ -3,8 +3,10 @@ dynamic program over each request's output positions.
 
 At every step of every request the bound knows every drafter's acceptance at that position (the traces) and
 takes the best of: no SD, the n-gram with any ``l <= `` its look-up's continuation (``avail``), EAGLE-3 with any
-``1 <= l <= kmax``; a step is charged only for the drafter it chose (Oracle Combine pays both every step, so
-Select >= Combine under the ``corrected`` convention; :mod:`sdlib.sim.oracle`).
+``1 <= l <= kmax``, and Arctic's suffix draft cut to any ``l <= `` its length (where the traces carry token ids:
+:mod:`sdlib.sim.policy.arctic` drafts with it, and its gains can exceed the n-gram trace's); a step is charged
+only for the drafter it chose (Oracle Combine pays both every step, so Select >= Combine under the
+``corrected`` convention; :mod:`sdlib.sim.oracle`).
 
 The program: state = output position ``p``; value ``V(p)`` = the least time to finish the request from ``p``
 (``V(p) = 0`` for ``p >= L``); an action (drafter, ``l``) at ``p`` gains ``g = min(acc[p], l + 1)`` tokens
@@ -30,11 +32,12 @@ costs at least as much: no policy's per-request time is below Select's, at any b
 * **Lengths.** Select runs to the request's output length (the ``mixed`` length, as Combine). It bounds
   single-drafter policies where they run to the same length: on truncated traces
   (:func:`sdlib.sim.prepared.truncate_traces`, as ``sdlib simulate`` and the policy table run them).
-* **Engine k beyond** :data:`K_PRICE_MAX`: not looked at. :class:`~sdlib.sim.engine_costs.EngineCostModel`
-  extrapolates ``alpha[ragged](k, B)`` beyond its largest measured k (10) from the last two points, and
-  where that slope is negative (B 8 to 128 of the committed fit) a ragged step with a large enough K costs
-  less than any measured step, and below zero at K ~ 50 (B 32). :func:`select_prices` raises when the
-  price still falls past :data:`K_PRICE_MAX` for a k-free mode.
+* **Engine k beyond** :data:`K_PRICE_MAX` (= the traces' longest draft): not looked at; no registered
+  policy's step goes there in simulation (specdecode-adaptive-ngram's k, which has no clamp, is capped there as
+  the engine's k: its look-up never proposes more). :class:`~sdlib.sim.engine_costs.EngineCostModel`
+  extrapolates ``alpha[ragged](k, B)`` beyond its largest measured k (10) from the last two points; where that
+  slope is negative (B 8 to 128 of the committed fit) a ragged step gets cheaper with k without end (below zero
+  near K = 50 at B 32), so no bound exists over unbounded k: :attr:`SelectPrices.tail_cheaper` records it.
 
 Usage:
     from sdlib.sim.policy.select import oracle_select_steps
@@ -51,11 +54,16 @@ import numpy as np
 
 from sdlib.core.registry import KMAX, BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.sim.costmodel import StepCostModel
+from sdlib.sim.policy.arctic import ARCTIC_MODEL_K, add_suffix_features
 from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs, PolicySteps
 
-#: The largest engine k a k-free price mode is priced at (twice the traces' longest draft: every registered
-#: policy's proposal is at most KMAX; only the engine k of an n-gram policy on the ragged path goes beyond).
-K_PRICE_MAX = 2 * KMAX
+#: The largest engine k a k-free price mode is priced at: the traces' longest draft (no registered policy's
+#: engine k goes beyond it in simulation; specdecode-adaptive-ngram's is capped there, its look-up proposing no more).
+K_PRICE_MAX = KMAX
+#: Actions: the drafter codes of :mod:`sdlib.sim.policy.walk`, and Arctic's suffix draft (recorded as the
+#: n-gram slot, as :mod:`sdlib.sim.policy.arctic` records it).
+SUFFIX = 3
+ACTIONS = (NONE, NGRAM, EAGLE, SUFFIX)
 #: KV sizes the affine check of the prices uses (tokens in the batch's cache).
 _KV_CHECK = (0.0, 1.0e6, 3.7e5)
 
@@ -85,6 +93,7 @@ PRICE_MODES = (
     PriceMode(NGRAM, "padded", "proposed", 0.0, 1.0, "online, online-ngram (EAGLE-3 not charged)"),
     PriceMode(EAGLE, "padded", "proposed", 1.0, 0.0, "fixed-eagle3-k, oracle-eagle3, sglang-adaptive, dynamic-sd, "
               "online-confidence (eagle_n >= proposed + 1)"),
+    PriceMode(SUFFIX, "padded", "proposed", 1.0, 1.0, "arctic: the suffix draft, both drafters run"),
 )
 
 
@@ -111,7 +120,7 @@ def select_prices(cm: StepCostModel, B: int, lmax: int = KMAX) -> SelectPrices:
     ls = np.arange(lmax + 1)
     ks = np.arange(K_PRICE_MAX + 1)
     out = SelectPrices({}, {}, {}, {}, lmax)
-    for d in (NONE, NGRAM, EAGLE):
+    for d in ACTIONS:
         best = np.full(lmax + 1, np.inf)
         slope, mode, kk = np.zeros(lmax + 1), np.full(lmax + 1, -1), np.zeros(lmax + 1, np.int64)
         for j, m in enumerate(PRICE_MODES):
@@ -154,44 +163,46 @@ def select_prices(cm: StepCostModel, B: int, lmax: int = KMAX) -> SelectPrices:
 
 
 def _gain_costs(pr: SelectPrices, kv: np.ndarray, a_ng: np.ndarray, a_eg: np.ndarray, avail: np.ndarray,
-                actions: bool = False):
+                suffix: Optional[tuple] = None, actions: bool = False):
     """``(n, G + 1)`` least price of gaining ``g = 0..G`` tokens (``G = lmax + 1``; column 0 and gains no
     action reaches: inf) at positions with KV ``kv``, acceptances ``a_ng`` / ``a_eg`` (>= 1) and n-gram
-    continuation ``avail``. With ``actions``: also (drafter, l) arrays of the cheapest action per gain."""
+    continuation ``avail``; ``suffix``: (gain, length) of Arctic's suffix draft there (None: not offered). With
+    ``actions``: also (action, l) arrays of the cheapest action per gain."""
     n, G = kv.size, pr.lmax + 1
     ls, rows = np.arange(pr.lmax + 1), np.arange(n)
-    costs, lens = [], []
-    none = np.full((n, G + 1), np.inf)
-    none[:, 1] = pr.base[NONE][0] + pr.slope[NONE][0] * kv
-    costs.append(none)
-    lens.append(np.zeros((n, G + 1), np.int64))
-    for d, acc, top in ((NGRAM, a_ng, np.minimum(avail, pr.lmax)), (EAGLE, a_eg, np.full(n, pr.lmax))):
+    cost = np.full((n, G + 1), np.inf)
+    cost[:, 1] = pr.base[NONE][0] + pr.slope[NONE][0] * kv
+    if actions:
+        drafter = np.full((n, G + 1), NONE, np.int64)
+        length = np.zeros((n, G + 1), np.int64)
+    # the n-gram proposes up to its continuation, and up to acc - 1 (oracle-ngram's; on the repository's traces
+    # acc - 1 <= avail everywhere: the trace's n-gram acceptance is the same look-up's)
+    top_ng = np.minimum(np.maximum(avail, np.asarray(a_ng) - 1), pr.lmax)
+    offers = [(NGRAM, a_ng, top_ng), (EAGLE, a_eg, np.full(n, pr.lmax))]
+    if suffix is not None:  # any l up to the suffix draft's length gains min(its gain, l + 1)
+        offers.append((SUFFIX, suffix[0], np.minimum(suffix[1], pr.lmax)))
+    for d, acc, top in offers:
         acc = np.asarray(acc, np.int64)
         p = pr.base[d][None, :] + pr.slope[d][None, :] * kv[:, None]  # (n, lmax + 1): l proposed
         p[ls[None, :] > top[:, None]] = np.inf
-        c = np.full((n, G + 1), np.inf)
-        c[:, 2:] = np.where(ls[None, 1:] + 1 < acc[:, None], p[:, 1:], np.inf)  # below saturation: l gains l + 1
-        # saturation: any l >= max(acc - 1, 1) gains acc; the cheapest of them
+        c = np.where(ls[None, 1:] + 1 < acc[:, None], p[:, 1:], np.inf)  # gains 2..G below saturation: l + 1
+        c = np.concatenate([np.full((n, 2), np.inf), c], axis=1)
+        # saturation: any l >= max(acc - 1, 1) gains acc; the cheapest of them (a suffix minimum over l)
         lo = np.maximum(acc - 1, 1)
         ok = lo <= pr.lmax
-        tail = np.where(ls[None, :] >= lo[:, None], p, np.inf)
-        lsat = np.argmin(tail, axis=1)
-        sat = np.where(ok, tail[rows, lsat], np.inf)
+        suf = np.minimum.accumulate(p[:, ::-1], axis=1)[:, ::-1]
+        sat = np.where(ok, suf[rows, np.minimum(lo, pr.lmax)], np.inf)
         gs = np.minimum(acc, G)
-        c[rows, gs] = np.minimum(c[rows, gs], sat)
-        costs.append(c)
+        c_sat = np.minimum(c[rows, gs], sat)
+        c[rows, gs] = c_sat
         if actions:
             ln = np.broadcast_to(np.arange(G + 1)[None, :] - 1, (n, G + 1)).copy()
-            ln[rows[ok], gs[ok]] = np.where(c[rows, gs] == sat, lsat, gs - 1)[ok]
-            lens.append(ln)
-    stack = np.stack(costs)
-    cost = stack.min(axis=0)
-    if not actions:
-        return cost
-    which = np.argmin(stack, axis=0)  # 0 none, 1 n-gram, 2 EAGLE-3
-    drafter = np.array([NONE, NGRAM, EAGLE])[which]
-    length = np.choose(which, lens)
-    return cost, drafter, length
+            lsat = np.argmin(np.where(ls[None, :] >= lo[:, None], p, np.inf), axis=1)
+            ln[rows, gs] = np.where(ok & (c_sat == sat), lsat, gs - 1)
+            better = c < cost
+            drafter[better], length[better] = d, ln[better]
+        np.minimum(cost, c, out=cost)
+    return (cost, drafter, length) if actions else cost
 
 
 def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, chunk: int = 1 << 16,
@@ -215,10 +226,15 @@ def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, chunk: int
     flat_c = inp.off[req_c] + pos_c
     kv_c = float(B) * (prep.prompt_len[req_c] + pos_c)
     cost = np.empty((o3[-1], G + 1))
+    sfx = _suffix_arrays(inp)
+
+    def at(f):
+        return None if sfx is None else (sfx[0][f], sfx[1][f])
+
     for s in range(0, o3[-1], chunk):
         e = min(s + chunk, o3[-1])
         f = flat_c[s:e]
-        cost[s:e] = _gain_costs(pr, kv_c[s:e], inp.acc_ng[f], inp.acc_eg[f], inp.avail[f])
+        cost[s:e] = _gain_costs(pr, kv_c[s:e], inp.acc_ng[f], inp.acc_eg[f], inp.avail[f], at(f))
     V = np.zeros(o2[-1])
     best = np.zeros(o3[-1], np.int64)
     order = np.argsort(-L, kind="stable")
@@ -246,11 +262,14 @@ def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, chunk: int
     idx = np.sort(np.concatenate(idx)) if idx else np.zeros(0, np.int64)
     req, pos, g = req_c[idx], pos_c[idx], best[idx]
     f = flat_c[idx]
-    _, dr, ln = _gain_costs(pr, kv_c[idx], inp.acc_ng[f], inp.acc_eg[f], inp.avail[f], actions=True)
+    _, act, ln = _gain_costs(pr, kv_c[idx], inp.acc_ng[f], inp.acc_eg[f], inp.avail[f], at(f), actions=True)
     rows = np.arange(idx.size)
-    drafter, l = dr[rows, g], ln[rows, g]
-    mode = np.select([drafter == NONE, drafter == NGRAM], [pr.mode[NONE][0], pr.mode[NGRAM][l]], pr.mode[EAGLE][l])
-    k = np.select([drafter == NONE, drafter == NGRAM], [pr.k[NONE][0], pr.k[NGRAM][l]], pr.k[EAGLE][l])
+    act, l = act[rows, g], ln[rows, g]
+    mode, k = np.zeros(idx.size, np.int64), np.zeros(idx.size, np.int64)
+    for a in ACTIONS:
+        m_ = act == a
+        mode[m_], k[m_] = pr.mode[a][l[m_]], pr.k[a][l[m_]]
+    drafter = np.where(act == SUFFIX, NGRAM, act)
     modes = [PRICE_MODES[i] for i in mode]
     n = idx.size
     path = np.array([m_.path for m_ in modes], dtype=object) if n else np.zeros(0, object)
@@ -259,6 +278,15 @@ def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, chunk: int
     n_i = (l + 1).astype(np.int64)
     return PolicySteps(req.astype(np.int64), pos.astype(np.int64), n_i, k.astype(np.int64), drafter.astype(np.int8),
                        eagle, n_i.astype(float), ngram, g.astype(np.int64), np.ones(n), L.copy(), path)
+
+
+def _suffix_arrays(inp: PolicyInputs) -> Optional[tuple]:
+    """(gain, length) flat arrays of Arctic's suffix draft (:func:`~sdlib.sim.policy.arctic.add_suffix_features`,
+    at the rule's k, cached in .cache/sim/), or None where the traces carry no token ids (Arctic cannot run)."""
+    if inp.prep.prompt_token_ids is None or inp.prep.output_token_ids is None:
+        return None
+    add_suffix_features(inp, ARCTIC_MODEL_K + 1)
+    return inp.extra["suffix_gain"], inp.extra["suffix_len"]
 
 
 def _build(req: BuildRequest, ref: PolicyRef) -> list:
