@@ -123,6 +123,7 @@ def select_prices(cm: StepCostModel, B: int, lmax: int = KMAX) -> SelectPrices:
     for d in ACTIONS:
         best = np.full(lmax + 1, np.inf)
         slope, mode, kk = np.zeros(lmax + 1), np.full(lmax + 1, -1), np.zeros(lmax + 1, np.int64)
+        min_slope = np.full(lmax + 1, np.inf)
         for j, m in enumerate(PRICE_MODES):
             if m.drafter != d:
                 continue
@@ -158,126 +159,163 @@ def select_prices(cm: StepCostModel, B: int, lmax: int = KMAX) -> SelectPrices:
             slope = np.where(better, sl[ls, jk], slope)
             mode = np.where(better, j, mode)
             kk = np.where(better, kgrid[ls, jk], kk)
+            min_slope = np.minimum(min_slope, np.where(np.isfinite(pb), sl[ls, jk], np.inf))
         out.base[d], out.slope[d], out.mode[d], out.k[d] = best, slope, mode, kk
+        fin = np.isfinite(best)
+        # the cheapest mode at kv = 0 must be the cheapest at every kv (its slope the least), and a drafter's
+        # price must not fall with l (so the cheapest way to gain acc tokens proposes acc - 1)
+        if np.any(slope[fin] > min_slope[fin] * (1 + 1e-9) + 1e-18) or \
+                (d != NONE and (np.any(np.diff(best[1:]) < 0) or np.any(np.diff(slope[1:]) < -1e-18))):
+            raise ValueError(f"{cm.name} at B {B}: action {d}'s prices are not ordered (one mode cheapest at "
+                             "every kv, not falling with l): the program's shortcut does not hold")
     return out
 
 
-def _gain_costs(pr: SelectPrices, kv: np.ndarray, a_ng: np.ndarray, a_eg: np.ndarray, avail: np.ndarray,
-                suffix: Optional[tuple] = None, actions: bool = False):
-    """``(n, G + 1)`` least price of gaining ``g = 0..G`` tokens (``G = lmax + 1``; column 0 and gains no
-    action reaches: inf) at positions with KV ``kv``, acceptances ``a_ng`` / ``a_eg`` (>= 1) and n-gram
-    continuation ``avail``; ``suffix``: (gain, length) of Arctic's suffix draft there (None: not offered). With
-    ``actions``: also (action, l) arrays of the cheapest action per gain."""
-    n, G = kv.size, pr.lmax + 1
-    ls, rows = np.arange(pr.lmax + 1), np.arange(n)
-    cost = np.full((n, G + 1), np.inf)
-    cost[:, 1] = pr.base[NONE][0] + pr.slope[NONE][0] * kv
-    if actions:
-        drafter = np.full((n, G + 1), NONE, np.int64)
-        length = np.zeros((n, G + 1), np.int64)
-    # the n-gram proposes up to its continuation, and up to acc - 1 (oracle-ngram's; on the repository's traces
-    # acc - 1 <= avail everywhere: the trace's n-gram acceptance is the same look-up's)
-    top_ng = np.minimum(np.maximum(avail, np.asarray(a_ng) - 1), pr.lmax)
-    offers = [(NGRAM, a_ng, top_ng), (EAGLE, a_eg, np.full(n, pr.lmax))]
-    if suffix is not None:  # any l up to the suffix draft's length gains min(its gain, l + 1)
-        offers.append((SUFFIX, suffix[0], np.minimum(suffix[1], pr.lmax)))
-    for d, acc, top in offers:
-        acc = np.asarray(acc, np.int64)
-        p = pr.base[d][None, :] + pr.slope[d][None, :] * kv[:, None]  # (n, lmax + 1): l proposed
-        p[ls[None, :] > top[:, None]] = np.inf
-        c = np.where(ls[None, 1:] + 1 < acc[:, None], p[:, 1:], np.inf)  # gains 2..G below saturation: l + 1
-        c = np.concatenate([np.full((n, 2), np.inf), c], axis=1)
-        # saturation: any l >= max(acc - 1, 1) gains acc; the cheapest of them (a suffix minimum over l)
-        lo = np.maximum(acc - 1, 1)
-        ok = lo <= pr.lmax
-        suf = np.minimum.accumulate(p[:, ::-1], axis=1)[:, ::-1]
-        sat = np.where(ok, suf[rows, np.minimum(lo, pr.lmax)], np.inf)
-        gs = np.minimum(acc, G)
-        c_sat = np.minimum(c[rows, gs], sat)
-        c[rows, gs] = c_sat
-        if actions:
-            ln = np.broadcast_to(np.arange(G + 1)[None, :] - 1, (n, G + 1)).copy()
-            lsat = np.argmin(np.where(ls[None, :] >= lo[:, None], p, np.inf), axis=1)
-            ln[rows, gs] = np.where(ok & (c_sat == sat), lsat, gs - 1)
-            better = c < cost
-            drafter[better], length[better] = d, ln[better]
-        np.minimum(cost, c, out=cost)
-    return (cost, drafter, length) if actions else cost
+@dataclass
+class Candidates:
+    """Every (position, gain) the program weighs, with the action that reaches the gain most cheaply (under
+    prices that do not fall with l, :func:`select_prices`: ``l = g - 1``, or ``l = 1`` for a gain of 1 from a
+    drafter), position-major: candidates of output position ``p`` lie in ``cs[p]:cs[p + 1]``, grouped by
+    position (``seg``: each candidate's position id; ``tgt``: the position id it leads to, ``npos`` = done).
+    The same for every cost model and batch size."""
+
+    req: np.ndarray  # (npos,) per position id
+    pos: np.ndarray
+    seg: np.ndarray  # (ncand,)
+    tgt: np.ndarray
+    gain: np.ndarray
+    action: np.ndarray
+    l: np.ndarray
+    cs: np.ndarray  # (Lmax + 1,)
+    first: np.ndarray  # (npos,) each position id's first candidate
+    L: np.ndarray
 
 
-def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, chunk: int = 1 << 16,
-                        values: Optional[dict] = None, lmax: Optional[int] = None) -> PolicySteps:
-    """Oracle Select's steps at batch size ``B`` under ``cm`` (module docstring). ``values``: a dict that gets
-    ``V1`` (R,), the program's least decode time of each request from position 1 (s, without the prefill).
-    ``lmax``: the longest proposal (default :data:`KMAX`, the longest any registered policy proposes; the
-    tests' brute force takes fewer)."""
-    prep = inp.prep
-    pr = select_prices(cm, B, max(int(inp.kmax), KMAX) if lmax is None else int(lmax))
-    G = pr.lmax + 1
+def candidates(inp: PolicyInputs, lmax: int) -> Candidates:
+    """:class:`Candidates` of ``inp``'s requests (run to the mixed length), proposals up to ``lmax``."""
     L = inp.lengths("mixed").astype(np.int64)
-    R = L.size
-    # compact layout of positions p < L: o3[r] + p; the value array has G zeros after each request
-    o3 = np.zeros(R + 1, np.int64)
-    np.cumsum(L, out=o3[1:])
-    o2 = np.zeros(R + 1, np.int64)
-    np.cumsum(L + G, out=o2[1:])
-    req_c = np.repeat(np.arange(R), L)
-    pos_c = np.arange(o3[-1]) - o3[req_c]
-    flat_c = inp.off[req_c] + pos_c
-    kv_c = float(B) * (prep.prompt_len[req_c] + pos_c)
-    cost = np.empty((o3[-1], G + 1))
+    n_p = np.maximum(L - 1, 0)  # positions 1 .. L - 1
+    req = np.repeat(np.arange(L.size), n_p)
+    start = np.zeros(L.size + 1, np.int64)
+    np.cumsum(n_p, out=start[1:])
+    pos = np.arange(start[-1]) - start[req] + 1
+    o = np.lexsort((req, pos))  # position-major ids
+    req, pos = req[o], pos[o]
+    npos = req.size
+    pid = np.empty(npos, np.int64)  # id of (r, p) = rank in the position-major order
+    pid[o] = np.arange(npos)
+    flat = inp.off[req] + pos
+    a_ng = inp.acc_ng[flat]
+    offers = [(NGRAM, a_ng, np.minimum(np.maximum(inp.avail[flat], a_ng - 1), lmax)),
+              (EAGLE, inp.acc_eg[flat], np.full(npos, lmax))]
     sfx = _suffix_arrays(inp)
+    if sfx is not None:  # any l up to the suffix draft's length gains min(its gain, l + 1)
+        offers.append((SUFFIX, sfx[0][flat], np.minimum(sfx[1][flat], lmax)))
+    segs, gains, acts, ls = [np.arange(npos)], [np.ones(npos, np.int64)], [np.full(npos, NONE)], [np.zeros(npos, np.int64)]
+    for a, acc, top in offers:
+        top = np.asarray(top, np.int64)
+        hi = np.minimum(np.asarray(acc, np.int64), top + 1)  # gains 2..hi, proposing g - 1 <= top
+        cnt = np.maximum(hi - 1, 0)
+        sid = np.repeat(np.arange(npos), cnt)
+        off = np.zeros(npos + 1, np.int64)
+        np.cumsum(cnt, out=off[1:])
+        g = np.arange(sid.size) - off[sid] + 2
+        one = np.flatnonzero((np.asarray(acc) == 1) & (top >= 1))  # gain 1 from the drafter, l = 1
+        segs += [sid, one]
+        gains += [g, np.ones(one.size, np.int64)]
+        acts += [np.full(sid.size + one.size, a)]
+        ls += [g - 1, np.ones(one.size, np.int64)]
+    seg, gain = np.concatenate(segs), np.concatenate(gains)
+    action, l = np.concatenate(acts), np.concatenate(ls)
+    o2 = np.argsort(seg, kind="stable")
+    seg, gain, action, l = seg[o2], gain[o2], action[o2], l[o2]
+    r, p = req[seg], pos[seg] + gain
+    # target position id: (r, p + g) while p + g < L, else done (npos)
+    tgt = np.full(seg.size, npos, np.int64)
+    live = p < L[r]
+    tgt[live] = pid[start[r[live]] + p[live] - 1]
+    first = np.searchsorted(seg, np.arange(npos))
+    cs = np.searchsorted(seg, np.searchsorted(pos, np.arange(int(L.max(initial=1)) + 1)))
+    return Candidates(req, pos, seg, tgt, gain, action, l, cs, first, L)
 
-    def at(f):
-        return None if sfx is None else (sfx[0][f], sfx[1][f])
 
-    for s in range(0, o3[-1], chunk):
-        e = min(s + chunk, o3[-1])
-        f = flat_c[s:e]
-        cost[s:e] = _gain_costs(pr, kv_c[s:e], inp.acc_ng[f], inp.acc_eg[f], inp.avail[f], at(f))
-    V = np.zeros(o2[-1])
-    best = np.zeros(o3[-1], np.int64)
-    order = np.argsort(-L, kind="stable")
-    Ls = L[order]
-    gains = np.arange(1, G + 1)
-    for p in range(int(L.max(initial=0)) - 1, 0, -1):
-        ra = order[:int(np.searchsorted(-Ls, -p, side="left"))]  # requests with L > p
-        ic, iv = o3[ra] + p, o2[ra] + p
-        cand = cost[ic, 1:] + V[iv[:, None] + gains[None, :]]
-        j = np.argmin(cand, axis=1)
-        V[iv] = cand[np.arange(ra.size), j]
-        best[ic] = j + 1
-    if values is not None:
-        values["V1"] = np.where(L > 1, V[o2[:-1] + 1], 0.0)
-    # forward: the chosen steps from position 1
-    cur = o3[:-1] + 1
-    m = L > 1
-    cur, end = cur[m], o3[1:][m]
-    idx = []
-    while cur.size:
-        idx.append(cur)
-        cur = cur + best[cur]
-        keep = cur < end
-        cur, end = cur[keep], end[keep]
-    idx = np.sort(np.concatenate(idx)) if idx else np.zeros(0, np.int64)
-    req, pos, g = req_c[idx], pos_c[idx], best[idx]
-    f = flat_c[idx]
-    _, act, ln = _gain_costs(pr, kv_c[idx], inp.acc_ng[f], inp.acc_eg[f], inp.avail[f], at(f), actions=True)
-    rows = np.arange(idx.size)
-    act, l = act[rows, g], ln[rows, g]
-    mode, k = np.zeros(idx.size, np.int64), np.zeros(idx.size, np.int64)
+def oracle_select_many(inp: PolicyInputs, configs: list, values: Optional[list] = None,
+                       lmax: Optional[int] = None) -> list:
+    """Oracle Select's steps at each (cost model, batch size) of ``configs`` (module docstring), one program
+    for all of them. ``values``: a list that gets, per configuration, ``V1`` (R,), the program's least decode
+    time of each request from position 1 (s, without the prefill). ``lmax``: the longest proposal (default
+    :data:`KMAX`, the longest any registered policy proposes; the tests' brute force takes fewer)."""
+    prep = inp.prep
+    lmax = max(int(inp.kmax), KMAX) if lmax is None else int(lmax)
+    c = candidates(inp, lmax)
+    prs = [select_prices(cm, int(B), lmax) for cm, B in configs]
+    nl = lmax + 1
+    base = np.stack([np.concatenate([pr.base[a] for a in ACTIONS]) for pr in prs], axis=1)  # (action * l, cfg)
+    slope = np.stack([np.concatenate([pr.slope[a] for a in ACTIONS]) for pr in prs], axis=1)
+    key = c.action * nl + c.l
+    kv = (prep.prompt_len[c.req[c.seg]] + c.pos[c.seg]).astype(float)[:, None] * \
+        np.array([float(B) for _, B in configs])[None, :]
+    cost = base[key] + slope[key] * kv  # (ncand, cfg): rows gathered contiguously
+    del kv
+    npos = c.req.size
+    V = np.zeros((npos + 1, len(configs)))
+    ps = np.searchsorted(c.pos, np.arange(c.cs.size))  # position ids of output position p: ps[p]:ps[p + 1]
+    for p in range(c.cs.size - 2, 0, -1):
+        lo, hi = c.cs[p], c.cs[p + 1]
+        if lo == hi:
+            continue
+        vals = cost[lo:hi] + V[c.tgt[lo:hi]]
+        V[ps[p]:ps[p + 1]] = np.minimum.reduceat(vals, c.first[ps[p]:ps[p + 1]] - lo, axis=0)
+    # the chosen candidate of every position: the first whose value is the position's (same arithmetic)
+    out = []
+    R = c.L.size
+    first_pid = np.full(R, -1, np.int64)
+    at1 = c.pos == 1
+    first_pid[c.req[at1]] = np.flatnonzero(at1)
+    for j, (cm, B) in enumerate(configs):
+        hit = (cost[:, j] + V[c.tgt, j]) == V[c.seg, j]
+        hs = np.flatnonzero(hit)
+        best = np.full(npos, -1, np.int64)
+        best[c.seg[hs[::-1]]] = hs[::-1]  # the first hit of each position wins
+        if values is not None:
+            values.append(np.where(first_pid >= 0, V[np.maximum(first_pid, 0), j], 0.0))
+        chosen = []
+        cur = first_pid[first_pid >= 0]
+        while cur.size:
+            chosen.append(best[cur])
+            cur = c.tgt[best[cur]]
+            cur = cur[cur < npos]
+        ch = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+        ch = ch[np.lexsort((c.pos[c.seg[ch]], c.req[c.seg[ch]]))]
+        out.append(_steps(prs[j], c, ch))
+    return out
+
+
+def _steps(pr: SelectPrices, c: Candidates, ch: np.ndarray) -> PolicySteps:
+    """The chosen candidates ``ch`` as step records (each priced as its cheapest mode writes it)."""
+    act, l = c.action[ch], c.l[ch]
+    mode, k = np.zeros(ch.size, np.int64), np.zeros(ch.size, np.int64)
     for a in ACTIONS:
         m_ = act == a
         mode[m_], k[m_] = pr.mode[a][l[m_]], pr.k[a][l[m_]]
-    drafter = np.where(act == SUFFIX, NGRAM, act)
-    modes = [PRICE_MODES[i] for i in mode]
-    n = idx.size
-    path = np.array([m_.path for m_ in modes], dtype=object) if n else np.zeros(0, object)
-    eagle = np.array([m_.eagle for m_ in modes], float)
-    ngram = np.array([m_.ngram for m_ in modes], float)
+    n = ch.size
     n_i = (l + 1).astype(np.int64)
-    return PolicySteps(req.astype(np.int64), pos.astype(np.int64), n_i, k.astype(np.int64), drafter.astype(np.int8),
-                       eagle, n_i.astype(float), ngram, g.astype(np.int64), np.ones(n), L.copy(), path)
+    eagle = np.array([m_.eagle for m_ in PRICE_MODES])[mode]
+    ngram = np.array([m_.ngram for m_ in PRICE_MODES])[mode]
+    path = np.array([m_.path for m_ in PRICE_MODES], dtype=object)[mode]
+    return PolicySteps(c.req[c.seg[ch]].astype(np.int64), c.pos[c.seg[ch]].astype(np.int64), n_i, k,
+                       np.where(act == SUFFIX, NGRAM, act).astype(np.int8), eagle, n_i.astype(float), ngram,
+                       c.gain[ch].astype(np.int64), np.ones(n), c.L.copy(), path)
+
+
+def oracle_select_steps(inp: PolicyInputs, cm: StepCostModel, B: int, values: Optional[dict] = None,
+                        lmax: Optional[int] = None) -> PolicySteps:
+    """:func:`oracle_select_many` at one (cost model, batch size); ``values`` (a dict) gets ``V1``."""
+    v: list = []
+    st = oracle_select_many(inp, [(cm, B)], v, lmax)[0]
+    if values is not None:
+        values["V1"] = v[0]
+    return st
 
 
 def _suffix_arrays(inp: PolicyInputs) -> Optional[tuple]:
@@ -292,14 +330,7 @@ def _suffix_arrays(inp: PolicyInputs) -> Optional[tuple]:
 def _build(req: BuildRequest, ref: PolicyRef) -> list:
     if req.K is not None:
         raise ValueError(f"{ref.label} is a clairvoyant bound: simulation only, no engine replay")
-    by_cfg: dict = {}
-    out = []
-    for cm, B in req.configs:
-        key = (id(cm), int(B))
-        if key not in by_cfg:
-            by_cfg[key] = oracle_select_steps(req.inputs, cm, int(B))
-        out.append(by_cfg[key])
-    return out
+    return oracle_select_many(req.inputs, [(cm, int(B)) for cm, B in req.configs])
 
 
 register_policy(PolicySpec(
