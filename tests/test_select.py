@@ -127,12 +127,13 @@ def _repo_traces():
     return [("embedded", emb, 8, conf), ("reference", ref, 20, None)]
 
 
-def _every_policy(with_confidences: bool) -> list[PolicyRef]:
+def _every_policy(with_confidences: bool, kmax: int) -> list[PolicyRef]:
+    """Every instance of every simulated spec (k up to the traces' ``kmax``)."""
     out = []
     for spec in POLICIES.values():
         if not spec.simulate or ("confidences" in spec.needs and not with_confidences):
             continue
-        out += spec.refs()
+        out += [r for r in spec.refs() if r.k is None or r.k <= kmax]
     return out
 
 
@@ -140,7 +141,7 @@ def test_no_registered_policy_exceeds_oracle_select():
     cms = [AUTHORS_H100_LLAMA8B, load_cost_model(ENGINE)]
     for name, prep, kmax, conf in _repo_traces():
         inp = PolicyInputs.of(prep, kmax)
-        refs = _every_policy(conf is not None)
+        refs = _every_policy(conf is not None, kmax)
         per = simulate_policies(prep, refs, BATCH_SIZES, cms, predictor=load_predictor(resolve(REFERENCE_PREDICTOR), inp),
                                 kmax=kmax, confidences=conf)
         w = per.set_index(["cost_model", "batch_size", "dataset", "request_id", "policy"])["sd_tok_per_s"].unstack()

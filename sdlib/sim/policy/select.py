@@ -92,7 +92,7 @@ PRICE_MODES = (
               "oracle-ngram (k = proposed)"),
     PriceMode(NGRAM, "padded", "proposed", 0.0, 1.0, "online, online-ngram (EAGLE-3 not charged)"),
     PriceMode(EAGLE, "padded", "proposed", 1.0, 0.0, "fixed-eagle3-k, oracle-eagle3, sglang-adaptive, dynamic-sd, "
-              "online-confidence (eagle_n >= proposed + 1)"),
+              "online-confidence, vllm-adaptive-verification (eagle_n >= proposed + 1, k >= proposed)"),
     PriceMode(SUFFIX, "padded", "proposed", 1.0, 1.0, "arctic: the suffix draft, both drafters run"),
 )
 
