@@ -7,6 +7,7 @@ specs; adding a policy to one of these modules is a one-module change).
 Modules, in the order data flows:
     walk          walking a policy over acceptance traces step by step (PolicyInputs, walk, position_steps)
     static        fixed k, Oracle Proposal, Oracle Combine, the replay calibration plans
+    select        Oracle Select: the clairvoyant per-step choice of drafter and length (an exact dynamic program)
     features      per-step features a policy may see (acceptance so far, n-gram match length, position)
     predictor     the acceptance predictor (hazard models per drafter) a policy uses
     online        the project's online policy (expected tokens per unit time under a cost model)
@@ -22,4 +23,4 @@ Modules, in the order data flows:
 They read the simulator (:mod:`sdlib.sim.oracle`, :mod:`sdlib.sim.costmodel`, :mod:`sdlib.sim.engine_costs`).
 """
 
-from sdlib.sim.policy import static, online, confidence, baselines, arctic, vllm_adaptive  # noqa: F401  (registers the policies)
+from sdlib.sim.policy import static, select, online, confidence, baselines, arctic, vllm_adaptive  # noqa: F401  (registers the policies)

@@ -49,7 +49,9 @@ class SpecDecodeAdaptive(Policy):
     called from ``simulator.py`` L214-219): the HF assisted-generation heuristic. Per request k starts at 5;
     after a step that drafted, k += 2 if every drafted token was accepted, else k = max(1, k - 1); no upper
     clamp. n-gram (corrected convention): the look-up proposes ``min(k, continuation)``; a step with no match
-    proposes nothing and leaves k unchanged; "every drafted token accepted" is tested on what was proposed
+    proposes nothing and leaves k unchanged; the step's engine k (draft slots, what an engine cost model prices)
+    is k capped at the traces' longest draft, which the look-up never exceeds; "every drafted token accepted"
+    is tested on what was proposed
     (their ``accepted >= input_len``). Each request starts at k = 5 (their simulator carries k across batch
     sizes: a quirk not followed).
     """
@@ -70,7 +72,9 @@ class SpecDecodeAdaptive(Policy):
         if self.proposer == "eagle3":
             return np.full(k.size, EAGLE, np.int8), k, k, 1.0, 0.0
         prop = np.minimum(k, inp.avail[lanes.flat])
-        return np.where(prop > 0, NGRAM, NONE).astype(np.int8), prop, k, 0.0, 1.0
+        # the engine's k: the look-up never proposes more than the traces' longest draft, so no engine needs more
+        # slots (their k has no clamp; unclamped, an engine cost model would price K = 700 steps by extrapolation)
+        return np.where(prop > 0, NGRAM, NONE).astype(np.int8), prop, np.minimum(k, inp.kmax), 0.0, 1.0
 
     def observe(self, inp, lanes, d, gain):
         prop = d[1]

@@ -1,5 +1,6 @@
 """Every policy family on the same requests, batch sizes and cost models: speedups with intervals, and the
-share of the gap (best fixed method -> Oracle Combine) each policy closes.
+share of the gap (best fixed method -> Oracle Combine, or -> Oracle Select with ``upper="oracle-select"``) each
+policy closes.
 
 Policies (``--policies`` of ``sdlib simulate``) are those registered in :mod:`sdlib.core.registry` (``import
 sdlib.sim.policy`` registers them): group names (``fixed``: every k of
@@ -114,8 +115,9 @@ def _boot_weights(dataset: str, n: int, n_boot: int = N_BOOT) -> np.ndarray:
 def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(:func:`policy_table`, :func:`gap_table`) in one pass over the cells (one bootstrap per cell).
 
-    ``upper``: the bound the gap runs to (``combine``; ``oracle-eagle3`` for EAGLE-3's length gap when only
-    EAGLE-3's fixed k are simulated)."""
+    ``upper``: the bound the gap runs to (``combine``; ``oracle-select``, the clairvoyant per-step bound of
+    :mod:`sdlib.sim.policy.select`; ``oracle-eagle3`` for EAGLE-3's length gap when only EAGLE-3's fixed k are
+    simulated). Oracle Combine's gap is kept beside it (``combine_*``, NaN without a ``combine`` row)."""
     keys = ["cost_model", "dataset", "batch_size"]
     wide = per_req.set_index(keys + ["request_id", "policy"])[["sd_tok_per_s", "base_tok_per_s"]].unstack("policy")
     policies = np.asarray(wide["sd_tok_per_s"].columns)
@@ -149,6 +151,8 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
             continue
         jb = fixed[int(np.argmax(sp[fixed]))]
         jc = cols.index(upper)
+        comb = float(sp[cols.index("combine")]) if "combine" in cols else float("nan")
+        comb_gap = comb - float(sp[jb])
         other = [j for j, c in enumerate(cols) if family[c] != "fixed"]
         d_lo, d_hi = bootstrap.interval(boot[:, other] - boot[:, [jb]], CI)
         r_lo, r_hi = bootstrap.interval(boot[:, other] / boot[:, [jb]], CI)
@@ -158,8 +162,10 @@ def summarise(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine
             gaps.append({"cost_model": cm, "dataset": ds, "batch_size": int(B), "policy": pol,
                          "family": family[pol], "speedup": float(sp[j]), "best_fixed": cols[jb],
                          "best_fixed_speedup": float(sp[jb]), "best_fixed_lo": float(lo[jb]),
-                         "combine_speedup": float(sp[jc]), "gap": gap, "gap_rel": gap / float(sp[jb]),
+                         "upper_speedup": float(sp[jc]), "gap": gap, "gap_rel": gap / float(sp[jb]),
                          "gap_share": float((sp[j] - sp[jb]) / gap) if gap > 0 else float("nan"),
+                         "combine_speedup": comb, "combine_gap": comb_gap,
+                         "combine_gap_share": float((sp[j] - sp[jb]) / comb_gap) if comb_gap > 0 else float("nan"),
                          "diff_lo": float(d_lo[i]), "diff_hi": float(d_hi[i]),
                          "vs_best_fixed": float(sp[j] / sp[jb]), "vs_best_fixed_lo": float(r_lo[i]),
                          "vs_best_fixed_hi": float(r_hi[i]), "upper": upper})
@@ -174,6 +180,9 @@ def policy_table(per_req: pd.DataFrame, n_boot: int = N_BOOT) -> pd.DataFrame:
 
 def gap_table(per_req: pd.DataFrame, n_boot: int = N_BOOT, upper: str = "combine") -> pd.DataFrame:
     """Per cell and non-fixed policy: the best fixed method (and its interval's lower end), the bound ``upper``
-    (its speedup in ``combine_speedup``), the policy's speedup, its share of the gap, and paired bootstrap
-    intervals of (policy - best fixed) and of policy / best fixed (``vs_best_fixed``)."""
+    (``combine`` or ``oracle-select``; its speedup in ``upper_speedup``, the gap to it in ``gap``), the policy's
+    speedup, its share of that gap (``gap_share``), Oracle Combine's speedup, gap and share beside it
+    (``combine_speedup``, ``combine_gap``, ``combine_gap_share``: equal to the upper's when ``upper`` is
+    ``combine``), and paired bootstrap intervals of (policy - best fixed) and of policy / best fixed
+    (``vs_best_fixed``)."""
     return summarise(per_req, n_boot, upper)[1]

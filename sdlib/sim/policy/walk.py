@@ -123,7 +123,7 @@ class PolicySteps:
     gain: np.ndarray
     weight: np.ndarray
     output_len: np.ndarray  # (R,)
-    path: str  # engine path: "padded" or "ragged"
+    path: "str | np.ndarray"  # engine path: "padded" or "ragged", or one per step (an object array: Oracle Select)
 
     @property
     def num_steps(self) -> np.ndarray:
@@ -132,8 +132,9 @@ class PolicySteps:
     def take_requests(self, mask_req: np.ndarray) -> "PolicySteps":
         """Only the steps of requests where ``mask_req`` is true (request indices unchanged)."""
         m = mask_req[self.req]
+        path = self.path[m] if isinstance(self.path, np.ndarray) else self.path
         return PolicySteps(*(getattr(self, f)[m] for f in ("req", "pos", "n_i", "k", "drafter", "eagle", "eagle_n",
-                                                         "ngram", "gain", "weight")), self.output_len, self.path)
+                                                         "ngram", "gain", "weight")), self.output_len, path)
 
 
 # --------------------------------------------------------------------------- pricing
@@ -152,7 +153,13 @@ def request_times(inp: PolicyInputs, st: PolicySteps, cm: StepCostModel, B: int)
     """Per-request wall time with SD at ``B`` copies, s (prefill included)."""
     prep = inp.prep
     kv = float(B) * (prep.prompt_len[st.req] + st.pos)
-    t = cm.step_seconds(B, kv, st.n_i, st.k, st.eagle, st.eagle_n, st.ngram, st.path)
+    if isinstance(st.path, np.ndarray):  # a path per step: price each path's steps apart
+        t = np.zeros(st.req.size)
+        for path in dict.fromkeys(st.path.tolist()):
+            m = st.path == path
+            t[m] = cm.step_seconds(B, kv[m], st.n_i[m], st.k[m], st.eagle[m], st.eagle_n[m], st.ngram[m], path)
+    else:
+        t = cm.step_seconds(B, kv, st.n_i, st.k, st.eagle, st.eagle_n, st.ngram, st.path)
     total = np.bincount(st.req, weights=st.weight * t, minlength=len(prep))
     return total + cm.prefill_seconds(float(B) * prep.prompt_len)
 
