@@ -40,7 +40,7 @@ def write_prompt_file(prompts: Sequence[Prompt], path: str | Path, info: dict[st
     lines += [json.dumps({"index": p.index, "source_id": p.source_id, "source": p.source,
                           "prompt_token_ids": [int(t) for t in p.prompt_token_ids or []]}) for p in prompts]
     tmp = dst.with_name(f".{dst.name}.tmp")
-    with gzip.GzipFile(tmp, "wb", mtime=0) as fh:  # byte-stable
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:  # byte-stable
         fh.write(("\n".join(lines) + "\n").encode())
     tmp.replace(dst)
     return dst

@@ -14,8 +14,9 @@ keeps most prompts within the embedded target's 1,024-token training window with
 k = 10 (``sdlib traces`` keeps prompts up to 1024 - 256 - 10 - 4 = 754 tokens): with the project tokenizer
 and chat template the first 200 prompts (seed 42) have a median of 582 tokens and 34 are longer than 754
 (measured 2026-12-04; sampling goes on past them). The models of ``data/models`` were
-trained on ShareGPT answers too (``sdlib.models.train.corpus``), so a source text may have been seen in
-training.
+trained on ShareGPT answers except the first 300 conversations of the seed-42 order
+(``sdlib.models.train.corpus``, ``heldout_sharegpt``); of the first 64 prompts here (seed 42, within 754
+tokens) 62 come from those held-out conversations.
 
 Usage:
     from sdlib.config import WorkloadConfig
