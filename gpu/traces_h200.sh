@@ -31,6 +31,8 @@
 #   TIMEOUT_S (540: the whole of one workload, traces + confidences; a `run` call allows 600 s)
 #   PROMPTS_DIR (build/traces_prompts: <workload>.jsonl.gz used when present, else the dataset's own source)
 #   PYTHON (python3) SDLIB_GIT_COMMIT (the checkout's commit, recorded: the device copy has no .git)
+#   PACK (1): after each workload, pack $OUT_DIR/<workload>/ into $OUT_DIR/<workload>.tgz and remove the
+#   folder (a `run` call brings back at most 8 files from $OUT: MANIFEST.txt + one .tgz per workload fit)
 #   DRY_RUN=1: print the commands and write the manifest, run nothing. PREPARE=1: step 1 above, then stop.
 # A failed or timed-out workload is recorded and the next one runs; the exit status is 1 if any failed.
 # $OUT_DIR/MANIFEST.txt (rewritten after each workload): commit, settings, one line per workload.
@@ -52,6 +54,7 @@ PROMPTS_DIR=${PROMPTS_DIR:-build/traces_prompts}
 PYTHON=${PYTHON:-python3}
 DRY_RUN=${DRY_RUN:-0}
 PREPARE=${PREPARE:-0}
+PACK=${PACK:-1}
 COMMIT=${SDLIB_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 
 T0=$(date +%s)
@@ -81,7 +84,7 @@ manifest() {
     echo "started: $(date -u -d @"$T0" +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo "$T0")"
     echo "host: $(hostname 2>/dev/null || echo unknown); stack: ${SDLIB_GPU_STACK:-none}"
     echo "args: N_REQ=$N_REQ MAX_OUT=$MAX_OUT K=$K METHODS=$METHODS DTYPE=$DTYPE MAX_MODEL_LEN=$MAX_MODEL_LEN" \
-         "MAX_NUM_SEQS=$MAX_NUM_SEQS SEED=$SEED MODELS=$MODELS TIMEOUT_S=$TIMEOUT_S DRY_RUN=$DRY_RUN"
+         "MAX_NUM_SEQS=$MAX_NUM_SEQS SEED=$SEED MODELS=$MODELS TIMEOUT_S=$TIMEOUT_S PACK=$PACK DRY_RUN=$DRY_RUN"
     echo "workloads: $WORKLOADS"
     echo "# workload status traces_s confidences_s total_s prompts"
     for l in "${LINES[@]}"; do echo "$l"; done
@@ -129,6 +132,9 @@ for wl in $WORKLOADS; do
     status="failed:$step:rc=$rc$([ $rc -eq 124 ] && echo ":timeout")"
     say "$wl: $status after ${total}s; last lines of $dir/$step.log:"
     tail -n 5 "$dir/$step.log" 2>/dev/null | sed 's/^/    /'
+  fi
+  if [ "$PACK" = 1 ] && [ "$DRY_RUN" != 1 ]; then
+    tar czf "$OUT_DIR/$wl.tgz" -C "$OUT_DIR" "$wl" && rm -rf "$dir" && say "$wl: packed $OUT_DIR/$wl.tgz"
   fi
   LINES+=("$wl $status $t_tr $t_cf $total $prompts")
   manifest

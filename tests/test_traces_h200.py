@@ -112,6 +112,14 @@ def test_a_failed_workload_is_recorded_and_the_next_runs(tmp_path):
     assert m["humaneval"][1] == "failed:traces:rc=3" and m["code_edit"][1] == "ok"
     assert m["sharegpt_summary"][1] == "failed:traces:rc=124:timeout"
     assert "boom" in r.stdout  # the failed step's last log lines
+    import tarfile
+
+    base = tmp_path / "out" / "traces"  # PACK (default 1): one archive per workload, the folder removed
+    assert sorted(p.name for p in base.iterdir()) == ["MANIFEST.txt", "code_edit.tgz", "humaneval.tgz",
+                                                      "sharegpt_summary.tgz"]
+    with tarfile.open(base / "humaneval.tgz") as t:
+        assert "humaneval/traces.log" in t.getnames()
+        assert b"boom" in t.extractfile("humaneval/traces.log").read()
 
 
 def test_prompt_file_round_trip_and_errors(tmp_path):
@@ -171,7 +179,7 @@ def test_save_prompts_then_prompts_gives_the_same_requests(tmp_path, monkeypatch
 def test_script_runs_tiny_on_the_cpu_build(tmp_path):
     """The script for real (CPU vLLM): one workload, 2 requests x 8 tokens, traces then confidences."""
     pytest.importorskip("vllm")
-    r = run_script(tmp_path, N_REQ="2", MAX_OUT="8", WORKLOADS="sharegpt_summary", TIMEOUT_S="500")
+    r = run_script(tmp_path, N_REQ="2", MAX_OUT="8", WORKLOADS="sharegpt_summary", TIMEOUT_S="500", PACK="0")
     assert r.returncode == 0, r.stdout + r.stderr + "".join(
         p.read_text()[-3000:] for p in (tmp_path / "out" / "traces").rglob("*.log"))
     d = tmp_path / "out" / "traces" / "sharegpt_summary"
