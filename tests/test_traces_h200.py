@@ -3,7 +3,9 @@
 Fast tier: the script's dry run (every command it would run parses with sdlib's own parser and names real
 datasets, methods, dtypes and model folders), its failure handling with a fake ``$PYTHON``, the prompt files
 (``sdlib traces --save-prompts`` / ``--prompts``, sdlib.workloads.promptfile) and ``make_traces`` on given
-prompts (engine calls replaced). Engine tier: the script for real on the CPU build, one tiny workload.
+prompts (engine calls replaced). No real run: on the 2-core CPU build a traces run costs about 4 s per
+output position plus two engine starts (2026-12-04: 4 sharegpt_summary requests x 32 tokens, 110 EAGLE-3
+positions, 486 s, engine starts 177 s and 93 s on a loaded machine), over the engine tier's budget.
 
 Usage:
     .venv/bin/python -m pytest tests/test_traces_h200.py -q -m "not engine"
@@ -173,20 +175,3 @@ def test_save_prompts_then_prompts_gives_the_same_requests(tmp_path, monkeypatch
     assert prov["prompts"]["used"] == 3 and prov["prompts"]["dataset"] == "code_edit" and prov["prompts"]["sha256"]
     # a prompt file of another dataset is refused in one line
     assert main([*common[:4], "sharegpt", *common[5:], "--prompts", str(pf), "--out", str(out)]) == 2
-
-
-@pytest.mark.engine
-def test_script_runs_tiny_on_the_cpu_build(tmp_path):
-    """The script for real (CPU vLLM): one workload, 2 requests x 8 tokens, traces then confidences."""
-    pytest.importorskip("vllm")
-    r = run_script(tmp_path, N_REQ="2", MAX_OUT="8", WORKLOADS="sharegpt_summary", TIMEOUT_S="500", PACK="0")
-    assert r.returncode == 0, r.stdout + r.stderr + "".join(
-        p.read_text()[-3000:] for p in (tmp_path / "out" / "traces").rglob("*.log"))
-    d = tmp_path / "out" / "traces" / "sharegpt_summary"
-    from sdlib.sim.traces import read_traces
-
-    tr = read_traces(d / "traces.jsonl.gz", "sharegpt_summary")
-    assert sorted(set(tr.method)) == ["eagle3", "ngram"] and tr.request_id.nunique() == 2
-    conf = json.loads((d / "confidences.provenance.json").read_text())
-    assert conf["k"] == 10 and conf["agreement_with_trace_acc_eagle"]["positions"] > 0
-    assert manifest(tmp_path)["sharegpt_summary"][1] == "ok"

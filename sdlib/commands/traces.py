@@ -102,13 +102,13 @@ class TracesCommand(Command):
             raise UsageError("--out: required (unless --save-prompts)")
         prompts = prompts_info = None
         if self.prompts:
+            # deferred: sdlib.store and sdlib.workloads load pandas and pydantic, and only this path needs them
             from sdlib.store.files import sha256_file
+            from sdlib.workloads import WorkloadError
             from sdlib.workloads.promptfile import read_prompt_file
 
             if self.from_sweep:
                 raise UsageError("--prompts and --from-sweep: give one (the sweep has its own prompts)")
-            from sdlib.workloads import WorkloadError
-
             try:
                 prompts, prompts_info = read_prompt_file(self.prompts)
             except WorkloadError as e:
@@ -143,6 +143,8 @@ class TracesCommand(Command):
 
     def _save_prompts(self, s: EngineSettings) -> int:
         """``--save-prompts``: the prompts of this run (tokenized as the run would) to a prompt file."""
+        # deferred: the trace producer (pandas, sdlib.vllm), sdlib.store and sdlib.workloads (pydantic) load
+        # seconds of modules, and only this path needs them
         from sdlib.run.traces import prompt_limit, trace_prompts
         from sdlib.store import git_commit, utc_now
         from sdlib.workloads.promptfile import write_prompt_file
