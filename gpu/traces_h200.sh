@@ -20,14 +20,16 @@
 #     data/models and of the committed embedded traces, and the path the 0.34 smoke ran: FA3 takes no
 #     float32). Engine settings it does not expose stay EngineSettings' defaults: enforce_eager, prefix
 #     caching off, gpu_memory_utilization 0.2 (28 GB of an H200: ample for a 10M-parameter target).
-#   - `sdlib confidences` has no device or dtype flag: it runs the target (transformers) and the head in
-#     float32 torch on the CPU, wherever it runs.
+#   - `sdlib confidences` runs the target (transformers) and the head in float32 torch (no dtype flag) on
+#     --device (default cpu); here CONF_DEVICE=auto: the GPU when torch sees one (on the CPU it cost about
+#     13 s per 840-token request on 2 shared cores).
 #   - MAX_MODEL_LEN=1024: the target's training window (data/models/README.md; `make traces` uses it too);
 #     `sdlib traces` keeps prompts up to MAX_MODEL_LEN - MAX_OUT - K - 4 tokens.
 #
 # Environment (defaults): N_REQ (64) MAX_OUT (256) K (10) METHODS (ngram,eagle3)
 #   WORKLOADS ("sharegpt humaneval code_edit sharegpt_summary") OUT_DIR ($OUT/traces, or build/traces without
 #   $OUT) MODELS (data/models) DTYPE (bfloat16) MAX_MODEL_LEN (1024) MAX_NUM_SEQS (256) SEED (42)
+#   CONF_DEVICE (auto)
 #   TIMEOUT_S (540: the whole of one workload, traces + confidences; a `run` call allows 600 s)
 #   PROMPTS_DIR (build/traces_prompts: <workload>.jsonl.gz used when present, else the dataset's own source)
 #   PYTHON (python3) SDLIB_GIT_COMMIT (the checkout's commit, recorded: the device copy has no .git)
@@ -46,6 +48,7 @@ WORKLOADS=${WORKLOADS:-sharegpt humaneval code_edit sharegpt_summary}
 if [ -n "${OUT:-}" ]; then OUT_DIR=${OUT_DIR:-$OUT/traces}; else OUT_DIR=${OUT_DIR:-build/traces}; fi
 MODELS=${MODELS:-data/models}
 DTYPE=${DTYPE:-bfloat16}
+CONF_DEVICE=${CONF_DEVICE:-auto}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-1024}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
 SEED=${SEED:-42}
@@ -84,7 +87,7 @@ manifest() {
     echo "started: $(date -u -d @"$T0" +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo "$T0")"
     echo "host: $(hostname 2>/dev/null || echo unknown); stack: ${SDLIB_GPU_STACK:-none}"
     echo "args: N_REQ=$N_REQ MAX_OUT=$MAX_OUT K=$K METHODS=$METHODS DTYPE=$DTYPE MAX_MODEL_LEN=$MAX_MODEL_LEN" \
-         "MAX_NUM_SEQS=$MAX_NUM_SEQS SEED=$SEED MODELS=$MODELS TIMEOUT_S=$TIMEOUT_S PACK=$PACK DRY_RUN=$DRY_RUN"
+         "MAX_NUM_SEQS=$MAX_NUM_SEQS SEED=$SEED CONF_DEVICE=$CONF_DEVICE MODELS=$MODELS TIMEOUT_S=$TIMEOUT_S PACK=$PACK DRY_RUN=$DRY_RUN"
     echo "workloads: $WORKLOADS"
     echo "# workload status traces_s confidences_s total_s prompts"
     for l in "${LINES[@]}"; do echo "$l"; done
@@ -116,7 +119,8 @@ for wl in $WORKLOADS; do
     say "$wl: traces done in ${t_tr}s; confidences start (log $dir/confidences.log)"
     c0=$(date +%s)
     run_step "$dir/confidences.log" $(( TIMEOUT_S - t_tr )) "$PYTHON" -m sdlib confidences \
-      --traces "$dir/traces.jsonl.gz" --models "$MODELS" --k "$K" --out "$dir/confidences.jsonl.gz"
+      --traces "$dir/traces.jsonl.gz" --models "$MODELS" --k "$K" --device "$CONF_DEVICE" \
+      --out "$dir/confidences.jsonl.gz"
     rc=$?
     t_cf=$(( $(date +%s) - c0 ))
     step=confidences

@@ -73,6 +73,7 @@ def test_dry_run_commands_parse_and_name_real_things(tmp_path):
         assert (REPO_ROOT / b.models / "eagle3" / "config.json").is_file()
         assert a.out == str(base / wl / "traces.jsonl.gz") and b.traces == a.out and b.k == a.k
         assert b.out == str(base / wl / "confidences.jsonl.gz") and a.prompts is None  # no prompt files here
+        assert b.device == "auto"
         assert "--help" not in tr
     m = manifest(tmp_path)
     assert sorted(m) == sorted(WORKLOADS) and all(v[1] == "dry_run" for v in m.values())
@@ -175,3 +176,30 @@ def test_save_prompts_then_prompts_gives_the_same_requests(tmp_path, monkeypatch
     assert prov["prompts"]["used"] == 3 and prov["prompts"]["dataset"] == "code_edit" and prov["prompts"]["sha256"]
     # a prompt file of another dataset is refused in one line
     assert main([*common[:4], "sharegpt", *common[5:], "--prompts", str(pf), "--out", str(out)]) == 2
+
+
+def test_confidences_device_auto_is_the_cpu_here():
+    """``--device auto`` without a GPU: the same float32 chain as the default CPU path (one short request)."""
+    import torch
+
+    from sdlib.run.confidences import chain_confidences, load_eagle3
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: test_confidences_on_cuda_match_the_cpu covers it")
+    m = load_eagle3("@trained", device="auto")
+    assert str(m.draft_ids.device) == "cpu" and next(m.target.parameters()).device.type == "cpu"
+    prompt, out = list(range(3, 40)), list(range(50, 70))
+    assert chain_confidences(m, prompt, out, 4) == chain_confidences(load_eagle3("@trained"), prompt, out, 4)
+
+
+@pytest.mark.gpu
+def test_confidences_on_cuda_match_the_cpu():
+    """On the GPU box: the chain on cuda equals the CPU one up to float32 reduction order (same drafts)."""
+    from sdlib.run.confidences import chain_confidences, load_eagle3
+
+    prompt, out = list(range(3, 200)), list(range(50, 150))
+    c_cpu, a_cpu = chain_confidences(load_eagle3("@trained"), prompt, out, 10)
+    c_gpu, a_gpu = chain_confidences(load_eagle3("@trained", device="cuda"), prompt, out, 10)
+    assert sum(x == y for x, y in zip(a_cpu, a_gpu)) >= 0.95 * len(a_cpu)  # a near-tie may flip a draft
+    close = [abs(x - y) < 1e-3 for r, s in zip(c_cpu, c_gpu) for x, y in zip(r, s)]
+    assert sum(close) >= 0.95 * len(close)
