@@ -1,5 +1,7 @@
 """Speed of the whole policy table: four reference datasets, every policy and baseline, four batch sizes, two
-cost models (the authors' H100 fit and our H200 fit), with the committed predictor. Prints the time of each
+cost models (the authors' H100 fit and our H200 fit), with the committed predictor; then the policies that
+need draft confidences (``online-with-confidence``, ``vllm-adaptive-verification``) beside EAGLE-3's fixed k and
+Oracle Proposal on the embedded traces, which have them (the reference traces do not). Prints the time of each
 stage and the total; not a test (issue #13 asks for under 30 s on a 2-core CPU). The suffix arrays of Arctic's
 rule are cached in .cache/sim/ after the first run (``--cold`` recomputes them and reports that time apart).
 
@@ -64,13 +66,42 @@ def main() -> int:
     t = time.perf_counter()
     table, gaps = summarise(per_req)
     times["summarise (bootstrap)"] = time.perf_counter() - t
-    n_pol = len(expand_policies(policies))
+    t = time.perf_counter()
+    conf_table = _confidence_policies(bs, cms)
+    times["confidences (embedded)"] = time.perf_counter() - t
+    n_pol = len(expand_policies(policies)) + len(set(conf_table.policy) - set(table.policy))
     for k, v in times.items():
         print(f"{k:28s} {v:6.1f} s")
     print(f"{'suffix arrays (' + ('cold' if args.cold else 'cached') + ')':28s} {suffix_s:6.1f} s")
     print(f"{'total':28s} {sum(times.values()) + suffix_s:6.1f} s  ({len(prep)} requests, {n_pol} policies, "
-          f"{len(bs)} batch sizes, {len(cms)} cost models, {len(table)} table rows)")
+          f"{len(bs)} batch sizes, {len(cms)} cost models, {len(table) + len(conf_table)} table rows)")
     return 0
+
+
+#: The policies that need the requests' draft confidences, and what they are compared with.
+CONFIDENCE_POLICIES = ["fixed-eagle3-k3", "fixed-eagle3-k5", "fixed-eagle3-k8", "oracle-eagle3", "online-with-confidence",
+                       "vllm-adaptive-verification"]
+
+
+def _confidence_policies(bs, cms):
+    """The policy table of :data:`CONFIDENCE_POLICIES` on the embedded traces with their confidences (the online
+    policy's predictor cross-fitted on them, as ``sdlib simulate`` does for traces other than the reference)."""
+    import pandas as pd
+
+    from sdlib.paths import resolve
+    from sdlib.sim.policy.confidence import load_confidences
+    from sdlib.sim.policy.table import simulate_policies, summarise
+    from sdlib.sim.prepared import prepare_traces, truncate_traces
+    from sdlib.sim.traces import load_traces
+
+    tables = []
+    for ds in ("sharegpt", "code_edit"):
+        tr, k = load_traces(str(resolve(f"data/traces/embedded_{ds}.jsonl.gz")))
+        prep = truncate_traces(prepare_traces(tr, ngram_lookup=True, keep_tokens=True), None)
+        conf = load_confidences(str(resolve(f"data/traces/confidences/embedded_{ds}.jsonl.gz")), k)
+        per = simulate_policies(prep, CONFIDENCE_POLICIES, bs, cms, kmax=k, confidences=conf)
+        tables.append(summarise(per)[0])
+    return pd.concat(tables, ignore_index=True)
 
 
 if __name__ == "__main__":

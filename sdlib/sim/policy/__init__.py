@@ -14,6 +14,7 @@ Modules, in the order data flows:
     confidence    EAGLE-3's length stopped token by token on the head's own confidence (needs confidences)
     baselines     published adaptive rules (n-gram/EAGLE switch, SGLang, DynamicSD, SpecDecode-Bench ...)
     arctic        Arctic Inference's suffix-decoding rule
+    vllm_adaptive vLLM 0.34's adaptive verification (online acceptance estimator, batch verification budget)
     table         every policy at every batch size and cost model -> the policy table and gap table
     views         per-position choices and where policies lose (notebook 07)
     cli           ``sdlib simulate``
@@ -21,4 +22,4 @@ Modules, in the order data flows:
 They read the simulator (:mod:`sdlib.sim.oracle`, :mod:`sdlib.sim.costmodel`, :mod:`sdlib.sim.engine_costs`).
 """
 
-from sdlib.sim.policy import static, online, confidence, baselines, arctic  # noqa: F401  (registers the policies)
+from sdlib.sim.policy import static, online, confidence, baselines, arctic, vllm_adaptive  # noqa: F401  (registers the policies)

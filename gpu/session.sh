@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# A queue of long jobs on the H200 machine, spread over `run` calls (each call <= 600 s; a warm machine keeps
+# /tmp and its detached processes only 30 s between calls). Run from the repository root after
+# `source gpu/stage.sh .gpu34` (the queue inherits the environment it exports):
+#
+#   SDLIB_GIT_COMMIT=<sha> bash gpu/session.sh start gpu/queue_h200.txt [MODELS_TAR]
+#       copies the checkout to /tmp/sdrepo (a later call's checkout copy cannot change a running job's files),
+#       unpacks MODELS_TAR there if given (the sparse checkout's data/models, carried once), and starts the
+#       queue detached (setsid): every job runs in /tmp/sdrepo, one after another, under its own timeout
+#   bash gpu/session.sh wait SECONDS
+#       waits until the queue has ended or SECONDS have passed, prints each job's state, and packs
+#       /tmp/res (every job's results folder) and the logs into $OUT (split into 15 MiB files)
+#   bash gpu/session.sh stop
+#       ends the queue and every process it started
+#
+# Queue file: one job a line, `name<TAB>timeout_s<TAB>command` (# comments). A job's command sees
+# RES=/tmp/res (pass it as --results-dir), JOB_OUT=/tmp/sdsess/<name> and OUT=$JOB_OUT. A job that fails or
+# times out is recorded and the queue goes on. State: /tmp/sdsess/status (`name rc seconds` per ended job).
+set -u
+SESS=/tmp/sdsess REPO=/tmp/sdrepo RES=/tmp/res
+cmd=${1:?usage: session.sh start QUEUE [MODELS_TAR] | wait SECONDS | stop}
+
+_run_queue() {  # detached: the jobs of $1, in order
+  local queue=$1 name limit command t0 rc
+  while IFS=$'\t' read -r name limit command; do
+    case "$name" in \#*|"") continue;; esac
+    mkdir -p "$SESS/$name"
+    echo "$name" > "$SESS/current"
+    t0=$(date +%s)
+    echo "[$(date -u +%T)] start $name (limit ${limit}s): $command" >> "$SESS/queue.log"
+    ( cd "$REPO" && RES=$RES JOB_OUT=$SESS/$name OUT=$SESS/$name timeout -k 20 "$limit" bash -c "$command" ) \
+      > "$SESS/$name/log.txt" 2>&1
+    rc=$?
+    echo "$name $rc $(( $(date +%s) - t0 ))" >> "$SESS/status"
+    echo "[$(date -u +%T)] end $name rc=$rc after $(( $(date +%s) - t0 ))s" >> "$SESS/queue.log"
+  done < "$queue"
+  rm -f "$SESS/current"
+  echo done > "$SESS/ended"
+}
+
+_pack() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  cp -f "$SESS/queue.log" "$SESS/status" "$OUT/" 2>/dev/null
+  tar czf "$SESS/logs.tgz" -C "$SESS" --exclude=logs.tgz --exclude=res.tgz . 2>/dev/null && cp "$SESS/logs.tgz" "$OUT/"
+  if [ -d "$RES" ]; then
+    tar czf "$SESS/res.tgz" -C "$RES" . && split -b 15M -d "$SESS/res.tgz" "$OUT/res.tgz.part"
+    ls -l "$OUT"
+  fi
+}
+
+case "$cmd" in
+  start)
+    queue=${2:?queue file}; models=${3:-}
+    [ -f "$queue" ] || { echo "session: no queue file $queue"; exit 2; }
+    [ -n "${SDLIB_GIT_COMMIT:-}" ] || { echo "session: set SDLIB_GIT_COMMIT to the commit of this checkout"; exit 2; }
+    [ -n "${SDLIB_GPU_STACK:-}" ] || { echo "session: source gpu/stage.sh first"; exit 2; }
+    if [ -f "$SESS/pid" ] && kill -0 "$(cat "$SESS/pid")" 2>/dev/null; then echo "session: a queue is running"; exit 2; fi
+    rm -rf "$SESS" "$REPO"; mkdir -p "$SESS" "$RES"
+    mkdir -p "$REPO" && tar -c --exclude=./.gpu34 --exclude=./.gpu --exclude=./.gpumodels . | tar -x -C "$REPO" || exit 1
+    if [ -n "$models" ]; then tar xf "$models" -C "$REPO" || { echo "session: cannot unpack $models"; exit 1; }; fi
+    cp "$queue" "$SESS/queue.txt"
+    export SDLIB_GIT_COMMIT
+    _pp=${PYTHONPATH:-}; export PYTHONPATH="${_pp//$PWD/$REPO}"
+    setsid nohup bash "$REPO/gpu/session.sh" _queue "$SESS/queue.txt" > "$SESS/runner.log" 2>&1 < /dev/null &
+    echo $! > "$SESS/pid"
+    echo "session: queue started (pid $(cat "$SESS/pid"), $(grep -cv '^#' "$queue") jobs, commit $SDLIB_GIT_COMMIT)"
+    ;;
+  _queue) _run_queue "$2" ;;
+  wait)
+    limit=${2:?seconds}; t0=$(date +%s)
+    while [ ! -f "$SESS/ended" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+      kill -0 "$(cat "$SESS/pid" 2>/dev/null)" 2>/dev/null || break; sleep 5
+    done
+    echo "session: $( [ -f "$SESS/ended" ] && echo ended || echo "running $(cat "$SESS/current" 2>/dev/null)")"
+    cat "$SESS/status" 2>/dev/null
+    tail -5 "$SESS/$(cat "$SESS/current" 2>/dev/null || echo none)/log.txt" 2>/dev/null
+    _pack
+    ;;
+  stop)
+    pid=$(cat "$SESS/pid" 2>/dev/null) && kill -- -"$pid" 2>/dev/null; sleep 3; kill -9 -- -"$pid" 2>/dev/null
+    echo "session: stopped"; _pack
+    ;;
+  *) echo "session: unknown command $cmd"; exit 2 ;;
+esac

@@ -1,0 +1,117 @@
+"""The same cells on two vLLM versions: does each engine finding still hold on the newer engine?
+
+Two sweeps of one design on one GPU (e.g. ``data/sweeps/h200_llama8b`` on vLLM 0.26 and
+``data/sweeps/h200_v034_llama8b`` on 0.34) are joined on the cells both ran, and each side's measured ratio is
+classed by its own interval: ``faster`` (the interval lies above 1), ``slower`` (below 1) or ``not established``
+(it contains 1). A finding **holds** on the newer engine when both sides fall in the same class; ``changed``
+when they fall in opposite established classes; otherwise it is ``not established`` on one side, and says so.
+The two intervals come from different engines and days, so no ratio between versions is formed: each side's
+interval is its own, as its notebook computes it.
+
+* :func:`synthetic_versions`: paper-shape sweeps (synthetic acceptance): every SD cell's speedup over the no-SD
+  cell of the same prompts (:func:`sdlib.analysis.speedup_ci.measured_speedups`).
+* :func:`powered_versions`: powered replay sweeps (:func:`sdlib.analysis.powered.powered_tables`): each arm over
+  no SD and each headline comparison (policy over the best fixed k), with the sides' A/A checks.
+
+Usage:
+    from sdlib.analysis.versions import synthetic_versions
+    t = synthetic_versions("data/sweeps/h200_llama8b", "data/sweeps/h200_v034_llama8b")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sdlib.analysis.powered import powered_tables
+from sdlib.analysis.speedup_ci import measured_speedups
+from sdlib.core import bootstrap
+from sdlib.store import SweepStore
+
+#: How a side's interval classes its ratio.
+FASTER, SLOWER, UNSURE = "faster", "slower", "not established"
+#: How the two sides compare.
+HOLDS, CHANGED = "holds", "changed"
+
+
+def verdict(lo: float, hi: float) -> str:
+    """``faster`` when the interval lies above 1, ``slower`` below, else ``not established``."""
+    if lo > 1:
+        return FASTER
+    if hi < 1:
+        return SLOWER
+    return UNSURE
+
+
+def compare_verdicts(old: str, new: str) -> str:
+    """``holds`` (same established class), ``changed`` (opposite established classes) or ``not established``."""
+    if old == new and old != UNSURE:
+        return HOLDS
+    if UNSURE in (old, new):
+        return UNSURE
+    return CHANGED
+
+
+def vllm_version(sweep_dir: str | Path) -> str:
+    """The vLLM version(s) the sweep's engines reported (its provenance), e.g. ``0.26.0``; several joined by ``+``."""
+    prov = SweepStore(sweep_dir).read_provenance()
+    seen = {e.get("vllm_version") for inv in prov.get("invocations", []) for e in inv.get("engines", [])}
+    return "+".join(sorted(v for v in seen if v)) or "?"
+
+
+def _sides(old: pd.DataFrame, new: pd.DataFrame, keys: list[str], value: str, lo: str, hi: str,
+           old_name: str, new_name: str) -> pd.DataFrame:
+    cols = keys + [value, lo, hi]
+    m = old[cols].merge(new[cols], on=keys, suffixes=(f"_{old_name}", f"_{new_name}"))
+    for side in (old_name, new_name):
+        m[f"verdict_{side}"] = [verdict(a, b) for a, b in zip(m[f"{lo}_{side}"], m[f"{hi}_{side}"])]
+    m["finding"] = [compare_verdicts(a, b) for a, b in zip(m[f"verdict_{old_name}"], m[f"verdict_{new_name}"])]
+    return m
+
+
+def synthetic_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """Per SD cell both sweeps ran (model, dataset, batch size, batch mode, method label): each version's
+    speedup over no SD with its interval, its verdict, and whether the finding holds. Columns are suffixed with
+    the versions' tags, ``old`` and ``new`` (``version_old``/``version_new`` name them)."""
+    keys = ["model", "dataset", "batch_size", "batch_mode", "method", "method_label", "num_spec_tokens"]
+    old = measured_speedups(old_dir, n_boot=n_boot)
+    new = measured_speedups(new_dir, n_boot=n_boot)
+    m = _sides(old, new, keys, "speedup", "speedup_lo", "speedup_hi", "old", "new")
+    m.insert(0, "version_old", vllm_version(old_dir))
+    m.insert(1, "version_new", vllm_version(new_dir))
+    return m.sort_values(["method_label", "batch_size"]).reset_index(drop=True)
+
+
+def _comparison_key(df: pd.DataFrame) -> pd.DataFrame:
+    """The arm and reference by their policy (the replay of a label), not by the engine's K, which the two
+    versions' configs may set differently (0.34 verifies K on every row, so fixed k runs on an engine of K = k)."""
+    def policy(label: str) -> str:
+        # labels are <method>-k<K>-<policy> (or none); the policy part names the comparison
+        parts = str(label).split("-", 2)
+        return parts[2] if len(parts) == 3 and parts[1].startswith("k") else str(label)
+    return df.assign(arm_policy=df["arm"].map(policy), reference_policy=df["reference"].map(policy))
+
+
+def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """Per (dataset, batch size, arm policy, reference policy) both powered sweeps compared: every arm over no
+    SD and every headline comparison (over the best fixed k), each side's ratio with its interval, its A/A check
+    (``aa_ok``), its verdict and whether the finding holds. A side whose A/A check fails has its verdict set to
+    ``not established`` (its intervals are not to be believed)."""
+    sides = []
+    for d in (old_dir, new_dir):
+        t = powered_tables(d, n_boot=n_boot)
+        rows = pd.concat([t["speedups"].assign(kind="over no SD"), t["headline"].assign(kind="over best fixed")])
+        sides.append(_comparison_key(rows))
+    keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
+    extra = ["arm", "reference", "aa_ok", "n_prompts", "n_starts", "n_cells"]
+    old, new = (s[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for s in sides)
+    m = old.merge(new, on=keys, suffixes=("_old", "_new"))
+    for side in ("old", "new"):
+        v = [verdict(a, b) for a, b in zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"])]
+        m[f"verdict_{side}"] = np.where(m[f"aa_ok_{side}"].astype(bool), v, UNSURE)
+    m["finding"] = [compare_verdicts(a, b) for a, b in zip(m["verdict_old"], m["verdict_new"])]
+    m.insert(0, "version_old", vllm_version(old_dir))
+    m.insert(1, "version_new", vllm_version(new_dir))
+    return m.sort_values(keys).reset_index(drop=True)

@@ -1,0 +1,38 @@
+"""sdlib.analysis.versions: each side's verdict from its own interval, and whether a finding holds."""
+
+import pandas as pd
+import pytest
+
+from sdlib.analysis import versions as v
+
+
+@pytest.mark.parametrize("lo,hi,want", [(1.01, 1.2, v.FASTER), (0.8, 0.99, v.SLOWER), (0.9, 1.1, v.UNSURE),
+                                        (1.0, 1.1, v.UNSURE)])
+def test_verdict_is_the_side_of_1_the_interval_lies_on(lo, hi, want):
+    assert v.verdict(lo, hi) == want
+
+
+@pytest.mark.parametrize("old,new,want", [(v.FASTER, v.FASTER, v.HOLDS), (v.SLOWER, v.SLOWER, v.HOLDS),
+                                          (v.FASTER, v.SLOWER, v.CHANGED), (v.SLOWER, v.FASTER, v.CHANGED),
+                                          (v.FASTER, v.UNSURE, v.UNSURE), (v.UNSURE, v.UNSURE, v.UNSURE)])
+def test_a_finding_holds_only_when_both_sides_establish_the_same_direction(old, new, want):
+    assert v.compare_verdicts(old, new) == want
+
+
+def test_sides_join_on_shared_cells_only_and_class_each_side_by_its_own_interval():
+    keys = ["dataset", "batch_size"]
+    old = pd.DataFrame({"dataset": ["a", "a", "b"], "batch_size": [1, 32, 1], "r": [1.5, 0.9, 1.0],
+                        "lo": [1.2, 0.85, 0.9], "hi": [1.8, 0.95, 1.1]})
+    new = pd.DataFrame({"dataset": ["a", "a", "c"], "batch_size": [1, 32, 1], "r": [1.4, 1.1, 1.0],
+                        "lo": [1.1, 1.05, 0.9], "hi": [1.7, 1.2, 1.1]})
+    m = v._sides(old, new, keys, "r", "lo", "hi", "old", "new")
+    assert m[keys].values.tolist() == [["a", 1], ["a", 32]]
+    assert m["finding"].tolist() == [v.HOLDS, v.CHANGED]
+
+
+def test_replay_labels_compare_by_policy_not_by_engine_k():
+    df = pd.DataFrame({"arm": ["ngram-k10-fixed-ngram-k3", "ngram-k3-fixed-ngram-k3-AA", "none"],
+                       "reference": ["none", "ngram-k3-fixed-ngram-k3", "none"]})
+    k = v._comparison_key(df)
+    assert k["arm_policy"].tolist() == ["fixed-ngram-k3", "fixed-ngram-k3-AA", "none"]
+    assert k["reference_policy"].tolist() == ["none", "fixed-ngram-k3", "none"]
