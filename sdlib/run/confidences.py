@@ -54,9 +54,10 @@ class Eagle3Offline:
     head_dir: Path
 
 
-def load_eagle3(models: str | Path, target: str = "target", head: str = "eagle3") -> Eagle3Offline:
+def load_eagle3(models: str | Path, target: str = "target", head: str = "eagle3", device: str = "cpu") -> Eagle3Offline:
     """The target and EAGLE-3 head of a models folder (``@trained`` = data/models), as vLLM loads them: the
-    head's exported weights (``fc`` with the training scale folded in) and its ``d2t`` map."""
+    head's exported weights (``fc`` with the training scale folded in) and its ``d2t`` map; float32, on
+    ``device`` (a torch device: ``cpu``, ``cuda``; ``auto`` = cuda when there is one)."""
     # deferred: torch takes seconds to import, and only this path needs it
     import torch
     from safetensors.torch import load_file
@@ -70,15 +71,18 @@ def load_eagle3(models: str | Path, target: str = "target", head: str = "eagle3"
     for d in (tdir, hdir):
         if not (d / "config.json").is_file():
             raise FileNotFoundError(f"--models: no model folder {d}")
-    tgt = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tgt = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval().to(device)
     cfg = json.loads((hdir / "config.json").read_text())
     sd = load_file(str(hdir / "model.safetensors"))
     d2t = sd.pop("d2t", None)
     sd.pop("t2d", None)
     mod = head_from_config("eagle3", cfg).float().eval()
     mod.load_state_dict({k: v.float() for k, v in sd.items()})
+    mod = mod.to(device)
     n = mod.lm_head.out_features
-    ids = torch.arange(n) + (d2t if d2t is not None else 0)
+    ids = (torch.arange(n) + (d2t if d2t is not None else 0)).to(device)
     return Eagle3Offline(tgt, mod, ids, tuple(sorted(cfg["eagle_aux_hidden_state_layer_ids"])), tdir, hdir)
 
 
@@ -95,7 +99,7 @@ def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[
 
     P, out = len(prompt), list(output)
     Lo = len(out)
-    seq = torch.tensor([list(prompt) + out])
+    seq = torch.tensor([list(prompt) + out], device=m.draft_ids.device)
     T = seq.shape[1] - 1
     conf: list[list[float]] = [[]]
     acc = [1]
@@ -113,8 +117,8 @@ def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[
             x = m.head.step(e, h, cos, sin, caches, s)
             pr, a = m.head.logits(x).softmax(-1)[0].max(-1)
             ids = m.draft_ids[a]  # step s at index i drafts the token at index i + 2
-            p1.append(pr.numpy())
-            tok.append(ids.numpy())
+            p1.append(pr.cpu().numpy())
+            tok.append(ids.cpu().numpy())
             h = torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1]), dim=1)
             # step s + 1 at index i reads the token at i + 1 of its chain: step s's draft at i - 1 (free-running,
             # as an engine drafts; teacher forcing would read the true token, which no engine has after a
@@ -133,9 +137,10 @@ def chain_confidences(m: Eagle3Offline, prompt: Sequence[int], output: Sequence[
 
 
 def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k: Optional[int] = None,
-                      progress: bool = True, argv: Optional[list[str]] = None) -> dict:
+                      progress: bool = True, argv: Optional[list[str]] = None, device: str = "cpu") -> dict:
     """Confidences of every request of one of our trace files (``k``: the trace's, from its provenance);
-    returns the provenance written beside ``out`` (``argv``: the command line that asked for it)."""
+    returns the provenance written beside ``out`` (``argv``: the command line that asked for it; ``device``:
+    where the models run, :func:`load_eagle3`)."""
     # deferred: sdlib.sim.traces loads pandas, and only this path needs it
     from sdlib.sim.traces import TRACE_KEYS, provenance_path, read_trace_file
     from sdlib.store import git_commit, utc_now
@@ -150,7 +155,7 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
     if k < 1:
         raise ValueError(f"--k: {src} has no provenance with k; give --k")
     t0 = time.perf_counter()
-    m = load_eagle3(models)
+    m = load_eagle3(models, device=device)
     rows = read_trace_file(src, prov_in.get("dataset", ""), methods={"eagle3": TRACE_KEYS["eagle3"]})
     if rows.empty:
         raise ValueError(f"--traces: {src} has no EAGLE-3 acceptance lists ({TRACE_KEYS['eagle3']})")
@@ -172,6 +177,7 @@ def write_confidences(traces: str | Path, models: str | Path, out: str | Path, k
             "traces_sha256": sha256_file(src), "dataset": prov_in.get("dataset"), "k": k,
             "target": repo_relative(m.target_dir), "head": repo_relative(m.head_dir),
             "confidence": "top-1 softmax probability of each draft over the head's draft vocabulary (float32)",
+            **({} if str(m.draft_ids.device) == "cpu" else {"device": str(m.draft_ids.device)}),
             "agreement_with_trace_acc_eagle": {"positions": total, "equal": agree,
                                                "fraction": round(agree / total, 6) if total else None},
             "seconds": round(time.perf_counter() - t0, 1),

@@ -24,7 +24,7 @@ from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
 from sdlib.vllm.options import check_options, cpu_kv_budget_bytes, engine_fields, kv_bytes_per_token, speculative_fields
-from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_HUB
+from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_DATASETS, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
 HUB_TIMEOUT_S = 0.5
@@ -346,7 +346,7 @@ def _check_remote_source(field: str, wl) -> None:
         return
     if wl.source == "auto" and pkg_ok:
         return
-    hub = wl.dataset in HUB_SOURCES or wl.dataset == "sharegpt"
+    hub = wl.dataset in HUB_SOURCES or wl.dataset in SHAREGPT_DATASETS
     if wl.source == "hub" and not hub:
         raise ConfigError(f"{field}.source: {wl.dataset!r} has no Hub source")
     if hub and not hub_reachable() and not _hub_dataset_cached(wl.dataset):
@@ -358,7 +358,7 @@ def _check_remote_source(field: str, wl) -> None:
 
 def _hub_dataset_cached(dataset: str) -> bool:
 
-    repo = SHAREGPT_HUB["repo_id"] if dataset == "sharegpt" else HUB_SOURCES[dataset]["path"]
+    repo = SHAREGPT_HUB["repo_id"] if dataset in SHAREGPT_DATASETS else HUB_SOURCES[dataset]["path"]
     hub = hf_hub_cache()
     ds_cache = Path(os.environ.get("HF_DATASETS_CACHE", hub.parent / "datasets"))
     return (hub / ("datasets--" + repo.replace("/", "--"))).is_dir() or \

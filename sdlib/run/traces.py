@@ -267,20 +267,46 @@ class TraceRun:
     info: dict[str, Any]
 
 
+def prompt_limit(settings: EngineSettings, max_output_tokens: int, k: int,
+                 max_prompt_tokens: Optional[int] = None) -> int:
+    """The longest prompt (tokens) a trace run keeps: ``max_prompt_tokens``, or what leaves room in
+    ``max_model_len`` for the output and a verify step (``max_model_len - max_output_tokens - k - 4``)."""
+    return max_prompt_tokens or (settings.max_model_len - max_output_tokens - k - 4)
+
+
+def trace_prompts(target: str | Path, dataset: str, num_requests: int, limit: int, seed: int = 42,
+                  source: str = "auto") -> list:
+    """The tokenized prompts (:class:`sdlib.workloads.Prompt`) of a trace run: the first ``num_requests`` of the
+    workload's seeded order within ``limit`` tokens, through the tokenizer (and chat template) of ``target``."""
+    # deferred: transformers takes seconds to import, and only this path needs it
+    from transformers import AutoTokenizer
+
+    # deferred: sdlib.config loads pydantic, and only this path needs it
+    from sdlib.config import WorkloadConfig
+    from sdlib.workloads import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(resolve(target)))
+    wl = WorkloadConfig(dataset=dataset, num_requests=num_requests, seed=seed, source=source,
+                        max_prompt_tokens=limit)
+    return load_prompts(wl, tok)
+
+
 def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit", num_requests: int = 32,
                 max_output_tokens: int = 64, k: int = DEFAULT_K, methods: Iterable[str] = METHODS,
                 ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX,
                 settings: Optional[EngineSettings] = None, greedy: Optional[Sequence[Greedy]] = None,
                 drafters: Optional[dict[str, str | Path]] = None, seed: int = 42, source: str = "auto",
                 max_prompt_tokens: Optional[int] = None, ignore_eos: bool = False,
-                retry_batch: Optional[int] = 16, greedy_source: str = "given") -> TraceRun:
+                retry_batch: Optional[int] = 16, greedy_source: str = "given",
+                prompts: Optional[Sequence[Any]] = None, prompts_info: Optional[dict] = None) -> TraceRun:
     """Greedy outputs (or ``greedy``), then a trace per method; engines one at a time.
 
     ``models_dir`` holds ``target`` and the drafter folders :data:`MODEL_METHODS`
-    (``drafters`` overrides a method's folder). Prompts: :func:`sdlib.workloads.load_prompts`
-    with ``dataset``, ``num_requests``, ``seed``, ``source``; prompts longer than
-    ``max_prompt_tokens`` (default: what fits ``max_model_len``) are skipped.
-    ``greedy_source``: recorded in the info when ``greedy`` is given.
+    (``drafters`` overrides a method's folder). Prompts: :func:`trace_prompts` (``dataset``,
+    ``num_requests``, ``seed``, ``source``; prompts longer than ``max_prompt_tokens``, default what fits
+    ``max_model_len``, are skipped), or ``prompts`` (tokenized :class:`sdlib.workloads.Prompt`, e.g. from a
+    prompt file, :mod:`sdlib.workloads.promptfile`, whose ``prompts_info`` is recorded): the first
+    ``num_requests`` of them within the limit. ``greedy_source``: recorded in the info when ``greedy`` is given.
     """
 
     s = settings or EngineSettings()
@@ -298,18 +324,18 @@ def make_traces(models_dir: str | Path = MODELS_DIR, dataset: str = "code_edit",
                             "engine": asdict(s), "timings_s": {}, "engine_start_s": {}, "model_stats": {}}
     t_all = time.perf_counter()
     if greedy is None:
-        # deferred: transformers takes seconds to import, and only this path needs it
-        from transformers import AutoTokenizer
-
-        # deferred: sdlib.config loads pydantic, and only this path needs it
-        from sdlib.config import WorkloadConfig
-        from sdlib.workloads import load_prompts
-
-        limit = max_prompt_tokens or (s.max_model_len - max_output_tokens - k - 4)
-        tok = AutoTokenizer.from_pretrained(str(target))
-        wl = WorkloadConfig(dataset=dataset, num_requests=num_requests, max_output_tokens=max_output_tokens,
-                            seed=seed, source=source, max_prompt_tokens=limit)
-        prompts = load_prompts(wl, tok)
+        limit = prompt_limit(s, max_output_tokens, k, max_prompt_tokens)
+        if prompts is None:
+            prompts = trace_prompts(target, dataset, num_requests, limit, seed, source)
+        else:
+            given = len(prompts)
+            prompts = [p for p in prompts if len(p.prompt_token_ids) <= limit][:num_requests]
+            info["prompts"] = {**(prompts_info or {}), "given": given, "used": len(prompts), "limit": limit}
+            if len(prompts) < num_requests:
+                log.warning("asked for %d prompts, the %d given have %d within %d tokens", num_requests, given,
+                            len(prompts), limit)
+            if not prompts:
+                raise ValueError(f"no given prompt fits {limit} tokens")
         t0 = time.perf_counter()
         llm = make_engine(target, "none", k, settings=s)
         info["engine_start_s"]["none"] = time.perf_counter() - t0

