@@ -181,6 +181,14 @@ def _bench_rule(f: str) -> str:
     return "" if any("make bench" in ln for ln in first) else f"{f}: its first lines do not name `make bench`"
 
 
+def _gpu_rule(f: str) -> str:
+    """data/gpu/<session>.json <- a gpu/ script run on a GPU machine: it names that script, which exists."""
+    prod = str(_json(REPO_ROOT / f).get("producer", ""))
+    script = prod.split(" ")[0]
+    ok = script.startswith("gpu/") and (REPO_ROOT / script).is_file()
+    return "" if ok else f"{f}: its producer {prod!r} is no script under gpu/"
+
+
 DATA_RULES = [
     (r"data/sweeps/[^/]+/.+", _sweep_rule),
     (r"data/costmodels/[^/]+\.json", _costmodel_rule),
@@ -188,6 +196,7 @@ DATA_RULES = [
     (r"data/traces/confidences/[^/]+\.(jsonl\.gz|provenance\.json)", _confidence_rule),
     (r"data/models/.+", _models_rule),
     (r"data/benchmarks/[^/]+\.md", _bench_rule),
+    (r"data/gpu/[^/]+\.json", _gpu_rule),
     (r"data/serving/[^/]+/.+", _serving_rule),
     (r"data/predictors/[^/]+\.json", _predictor_rule),
 ]

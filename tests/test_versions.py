@@ -36,3 +36,13 @@ def test_replay_labels_compare_by_policy_not_by_engine_k():
     k = v._comparison_key(df)
     assert k["arm_policy"].tolist() == ["fixed-ngram-k3", "fixed-ngram-k3-AA", "none"]
     assert k["reference_policy"].tolist() == ["none", "fixed-ngram-k3", "none"]
+
+
+def test_long_form_has_one_row_per_version_and_cell_with_its_own_interval():
+    t = pd.DataFrame({"model": ["m"], "dataset": ["d"], "batch_size": [32], "method": ["ngram"],
+                      "method_label": ["ngram-k3"], "version_old": ["0.26.0"], "version_new": ["0.34.0"],
+                      "speedup_old": [1.1], "speedup_lo_old": [1.0], "speedup_hi_old": [1.2],
+                      "speedup_new": [2.0], "speedup_lo_new": [1.9], "speedup_hi_new": [2.1]})
+    long = v.synthetic_long(t)
+    assert long["method_label"].tolist() == ["ngram-k3, vLLM 0.26.0", "ngram-k3, vLLM 0.34.0"]
+    assert long[["speedup", "speedup_lo", "speedup_hi"]].values.tolist() == [[1.1, 1.0, 1.2], [2.0, 1.9, 2.1]]

@@ -84,6 +84,19 @@ def synthetic_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = b
     return m.sort_values(["method_label", "batch_size"]).reset_index(drop=True)
 
 
+def synthetic_long(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`synthetic_versions`' rows as one row per version and cell, ``method_label`` suffixed with the
+    version (``eagle3-k3-L2.5, vLLM 0.34.0``): the form :func:`sdlib.plots.throughput.plot_speedup` draws."""
+    keep = ["model", "dataset", "batch_size", "method", "method_label"]
+    sides = []
+    for side in ("old", "new"):
+        d = t[keep + [f"speedup_{side}", f"speedup_lo_{side}", f"speedup_hi_{side}"]].rename(
+            columns={f"speedup_{side}": "speedup", f"speedup_lo_{side}": "speedup_lo", f"speedup_hi_{side}": "speedup_hi"})
+        sides.append(d.assign(version=t[f"version_{side}"],
+                              method_label=d["method_label"] + ", vLLM " + t[f"version_{side}"]))
+    return pd.concat(sides, ignore_index=True)
+
+
 def _comparison_key(df: pd.DataFrame) -> pd.DataFrame:
     """The arm and reference by their policy (the replay of a label), not by the engine's K, which the two
     versions' configs may set differently (0.34 verifies K on every row, so fixed k runs on an engine of K = k)."""

@@ -213,3 +213,17 @@ def traces_title(traces: pd.DataFrame) -> str:
         parts.append(f"{t} ({note})" if note else t)
     where = sorted({f"{p.get('device', '?')}, vLLM {p.get('vllm_version', '?')}" for p in provs})
     return "our traces of " + ", ".join(parts) + "; " + "; ".join(where)
+
+
+def versions_title(old_store, new_store, what: str, averaged: str = "") -> str:
+    """Three lines for a figure of the same cells on two sweeps of different vLLM versions: ``<what>``;
+    ``<old sweep> (vLLM a) vs <new sweep> (vLLM b): <models> (<weights>); <acceptance>``; ``<device>[; <averaged>]``."""
+    fo, fn = (sweep_facts(s) for s in (old_store, new_store))
+    models = ", ".join(dict.fromkeys(fo.models + fn.models))
+    weights = ", ".join(dict.fromkeys(fo.weights + fn.weights))
+    acceptance = fo.acceptance if fo.acceptance == fn.acceptance else f"{fo.acceptance} / {fn.acceptance}"
+    device = fo.device if fo.device == fn.device else f"{fo.device} / {fn.device}"
+    head = (f"{fo.name} (vLLM {fo.vllm or '?'}) vs {fn.name} (vLLM {fn.vllm or '?'}): {models}"
+            + (f" ({weights})" if weights else "") + f"; {acceptance}")
+    tail = "; ".join(x for x in [device, averaged] if x)
+    return f"{what}\n{head}" + (f"\n{tail}" if tail else "")
