@@ -46,3 +46,13 @@ def test_long_form_has_one_row_per_version_and_cell_with_its_own_interval():
     long = v.synthetic_long(t)
     assert long["method_label"].tolist() == ["ngram-k3, vLLM 0.26.0", "ngram-k3, vLLM 0.34.0"]
     assert long[["speedup", "speedup_lo", "speedup_hi"]].values.tolist() == [[1.1, 1.0, 1.2], [2.0, 1.9, 2.1]]
+
+
+def test_a_sweep_against_itself_holds_wherever_it_is_established():
+    from sdlib.paths import REPO_ROOT
+
+    d = REPO_ROOT / "data" / "sweeps" / "embedded_default"
+    t = v.synthetic_versions(d, d, n_boot=200)
+    assert len(t) and (t["speedup_old"] == t["speedup_new"]).all()
+    assert (t["finding"] == [v.HOLDS if x != v.UNSURE else v.UNSURE for x in t["verdict_old"]]).all()
+    assert set(t["version_old"]) == {v.vllm_version(d)} and v.vllm_version(d) != "?"

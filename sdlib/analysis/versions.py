@@ -9,7 +9,7 @@ The two intervals come from different engines and days, so no ratio between vers
 interval is its own, as its notebook computes it.
 
 * :func:`synthetic_versions`: paper-shape sweeps (synthetic acceptance): every SD cell's speedup over the no-SD
-  cell of the same prompts (:func:`sdlib.analysis.speedup_ci.measured_speedups`).
+  cell with its interval, as notebook 01 computes them (:func:`sdlib.analysis.intervals.sweep_intervals`).
 * :func:`powered_versions`: powered replay sweeps (:func:`sdlib.analysis.powered.powered_tables`): each arm over
   no SD and each headline comparison (policy over the best fixed k), with the sides' A/A checks.
 
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.analysis.powered import powered_tables
-from sdlib.analysis.speedup_ci import measured_speedups
+from sdlib.analysis.intervals import sweep_intervals
 from sdlib.core import bootstrap
 from sdlib.store import SweepStore
 
@@ -73,11 +73,12 @@ def _sides(old: pd.DataFrame, new: pd.DataFrame, keys: list[str], value: str, lo
 
 def synthetic_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per SD cell both sweeps ran (model, dataset, batch size, batch mode, method label): each version's
-    speedup over no SD with its interval, its verdict, and whether the finding holds. Columns are suffixed with
-    the versions' tags, ``old`` and ``new`` (``version_old``/``version_new`` name them)."""
+    speedup over no SD with its interval (the values of each sweep's own speedup table in notebook 01), its
+    verdict, and whether the finding holds. Columns are suffixed ``old`` and ``new`` (``version_old`` and
+    ``version_new`` name the vLLM versions)."""
     keys = ["model", "dataset", "batch_size", "batch_mode", "method", "method_label", "num_spec_tokens"]
-    old = measured_speedups(old_dir, n_boot=n_boot)
-    new = measured_speedups(new_dir, n_boot=n_boot)
+    old, new = (sweep_intervals(d, n_boot=n_boot)[1] for d in (old_dir, new_dir))
+    old, new = (d[d["method"] != "none"] for d in (old, new))
     m = _sides(old, new, keys, "speedup", "speedup_lo", "speedup_hi", "old", "new")
     m.insert(0, "version_old", vllm_version(old_dir))
     m.insert(1, "version_new", vllm_version(new_dir))

@@ -44,11 +44,13 @@ class NotebookRun:
 
 
 GPU_SWEEPS = "configs/gpu_sweeps.papermill.yaml"
+GPU_VERSIONS = "configs/gpu_versions.papermill.yaml"
 
 #: The runs, in order (notebook 05 reads data/costmodels/, written by ``make costmodels``).
 RUNS = [
     NotebookRun("01_throughput_sweep"),
     NotebookRun("01_throughput_sweep", GPU_SWEEPS),
+    NotebookRun("01_throughput_sweep", GPU_VERSIONS),
     NotebookRun("02_time_breakdown"),
     NotebookRun("02_time_breakdown", GPU_SWEEPS),
     NotebookRun("03_acceptance_variance"),

@@ -221,9 +221,9 @@ def versions_title(old_store, new_store, what: str, averaged: str = "") -> str:
     fo, fn = (sweep_facts(s) for s in (old_store, new_store))
     models = ", ".join(dict.fromkeys(fo.models + fn.models))
     weights = ", ".join(dict.fromkeys(fo.weights + fn.weights))
-    acceptance = fo.acceptance if fo.acceptance == fn.acceptance else f"{fo.acceptance} / {fn.acceptance}"
+    acceptance = fn.acceptance  # the shared cells are the same method labels, so the newer sweep's (a subset) says it
     device = fo.device if fo.device == fn.device else f"{fo.device} / {fn.device}"
     head = (f"{fo.name} (vLLM {fo.vllm or '?'}) vs {fn.name} (vLLM {fn.vllm or '?'}): {models}"
-            + (f" ({weights})" if weights else "") + f"; {acceptance}")
+            + (f" ({weights})" if weights else "") + f";\n{acceptance}")
     tail = "; ".join(x for x in [device, averaged] if x)
     return f"{what}\n{head}" + (f"\n{tail}" if tail else "")
