@@ -32,3 +32,18 @@ def test_committed_model_is_the_fit():
     for path in ("none", "padded", "ragged"):
         np.testing.assert_allclose(committed.alpha_s[path], fit.alpha_s[path])
     assert isinstance(committed, EngineCostModel) and committed.a_kv_s == pytest.approx(fit.a_kv_s)
+
+
+def test_beyond_the_largest_measured_k_or_b_a_step_never_gets_cheaper():
+    """The n-gram path's committed fit falls from k = 5 to 10 at bs 8-128: extrapolating that line priced
+    k = 20 below k = 10 (and, far enough, below zero). Beyond the last measured point the price is held."""
+    import numpy as np
+
+    from sdlib.sim.costmodels import load_cost_model
+
+    cm = load_cost_model("h200_replay_engine")
+    for path in ("ragged", "padded"):
+        kmax = max(cm.ks[path])
+        for B in (1, 8, 32, 128, 512):
+            a = cm.alpha(path, np.array([kmax, kmax + 2, 2 * kmax, 10 * kmax], dtype=float), B)
+            assert np.all(np.diff(a) >= 0), (path, B, a)

@@ -20,7 +20,8 @@ padded path and without SD ``n`` is fixed by ``k`` and ``B`` and sits inside ``a
 slope shared by the paths (a fixed-effects fit: within-cell variation only), ``a_n`` the ragged path's
 per-token slope; ``alpha[path](k, B)`` = the median of ``t - a_kv*kv - a_n*n`` over each measured cell's
 steady-window decode steps. Between measured k and B the table is interpolated linearly (B: beyond the
-largest measured B, extrapolated from the last two; k beyond the largest measured k, likewise; ragged
+largest measured B, extrapolated from the last two; k beyond the largest measured k, likewise; both never below
+the largest measured value, so a falling last segment is held flat there; ragged
 k below the smallest measured k takes the smallest's value: the harness's fixed cost dominates there).
 ``k = 0`` on any path is a plain decode step (the no-SD row). The prefill is priced by ``prefill_model``
 (the replay times decode steps only): a name or path that :func:`sdlib.sim.costmodels.load_cost_model`
@@ -144,10 +145,12 @@ class EngineCostModel(StepCostModel):
 
 
 def _interp_extrap(x, xp: np.ndarray, fp: np.ndarray):
-    """np.interp inside ``xp``; linear from the last two points above it (flat below the first)."""
+    """np.interp inside ``xp``; linear from the last two points above it, never below the last (a falling last
+    segment, as the n-gram path's from k = 5 to 10 at some batch sizes, is held flat: a step with more draft
+    slots or rows than any measured one does not get cheaper than the largest measured; flat below the first)."""
     y = np.interp(x, xp, fp)
     if len(xp) >= 2:
-        slope = (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
+        slope = max(0.0, float((fp[-1] - fp[-2]) / (xp[-1] - xp[-2])))
         y = np.where(np.asarray(x) > xp[-1], fp[-1] + slope * (np.asarray(x) - xp[-1]), y)
     return y
 
