@@ -246,3 +246,13 @@ def test_deployment_pool_counts_each_dataset_and_configuration_apart():
     assert lanes.state["pool_ng_rej"].tolist() == [1.0, 0.0, 1.0, 0.0]
     X = dynamic_features(lanes.state)
     assert X.shape == (4, 8) and X[0, 6] == pytest.approx(np.log(3.0 / 1.5)) and X[3, 6] == pytest.approx(np.log(2.0))
+
+
+def test_a_refit_that_differs_only_in_the_last_digit_keeps_the_committed_predictor():
+    """The online cells' run ids hash the predictor file: a refit equal but for float noise must not rewrite it."""
+    from sdlib.sim.policy.training import _same_fit
+
+    a = {"info": {"x": 1}, "models": [{"w": [0.1, -0.6392921472229834]}]}
+    assert _same_fit(a, {"info": {"x": 1}, "models": [{"w": [0.1, -0.6392921472229833]}]})
+    assert not _same_fit(a, {"info": {"x": 1}, "models": [{"w": [0.1, -0.6392921472]}]})
+    assert not _same_fit(a, {"info": {"x": 2}, "models": [{"w": [0.1, -0.6392921472229834]}]})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -151,12 +152,30 @@ def save_predictor(pred: Predictor, path: str | Path, requests=None, producer: O
         obj["fold_of_request"] = {f"{d}/{r}": int(k) for (d, r), k in zip(requests, pred.fold)}
     if path.exists():  # the same fit again: keep the file (and its date), so a rerun leaves git clean
         try:
-            if _unstamped(json.loads(path.read_text())) == _unstamped(obj):
+            if _same_fit(_unstamped(json.loads(path.read_text())), _unstamped(obj)):
                 return path
         except (OSError, ValueError):
             pass
     path.write_text(json.dumps(obj, indent=1) + "\n")
     return path
+
+
+#: Relative difference under which two fitted numbers are the same fit (a BLAS or summation-order change moves
+#: the last digit; the online policies' run ids hash the committed file, so rewriting it for that would orphan
+#: every committed online cell).
+SAME_FIT_RTOL = 1e-12
+
+
+def _same_fit(a, b) -> bool:
+    """``a`` and ``b`` (JSON values) equal, numbers within :data:`SAME_FIT_RTOL` of each other."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_fit(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_fit(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                and math.isclose(a, b, rel_tol=SAME_FIT_RTOL, abs_tol=1e-300))
+    return a == b
 
 
 def _unstamped(obj: dict) -> dict:
