@@ -254,5 +254,5 @@ def test_a_refit_that_differs_only_in_the_last_digit_keeps_the_committed_predict
 
     a = {"info": {"x": 1}, "models": [{"w": [0.1, -0.6392921472229834]}]}
     assert _same_fit(a, {"info": {"x": 1}, "models": [{"w": [0.1, -0.6392921472229833]}]})
-    assert not _same_fit(a, {"info": {"x": 1}, "models": [{"w": [0.1, -0.6392921472]}]})
+    assert not _same_fit(a, {"info": {"x": 1}, "models": [{"w": [0.1, -0.6393]}]})
     assert not _same_fit(a, {"info": {"x": 2}, "models": [{"w": [0.1, -0.6392921472229834]}]})

@@ -163,7 +163,7 @@ def save_predictor(pred: Predictor, path: str | Path, requests=None, producer: O
 #: Relative difference under which two fitted numbers are the same fit (a BLAS or summation-order change moves
 #: the last digit; the online policies' run ids hash the committed file, so rewriting it for that would orphan
 #: every committed online cell).
-SAME_FIT_RTOL = 1e-12
+SAME_FIT_RTOL = 1e-9
 
 
 def _same_fit(a, b) -> bool:
@@ -174,7 +174,7 @@ def _same_fit(a, b) -> bool:
         return len(a) == len(b) and all(_same_fit(x, y) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
         return (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                and math.isclose(a, b, rel_tol=SAME_FIT_RTOL, abs_tol=1e-300))
+                and math.isclose(a, b, rel_tol=SAME_FIT_RTOL, abs_tol=1e-12))
     return a == b
 
 
