@@ -33,7 +33,13 @@ def test_sides_join_on_shared_cells_only_and_class_each_side_by_its_own_interval
 def test_replay_labels_compare_by_policy_not_by_engine_k():
     df = pd.DataFrame({"arm": ["ngram-k10-fixed-ngram-k3", "ngram-k3-fixed-ngram-k3-AA", "none"],
                        "reference": ["none", "ngram-k3-fixed-ngram-k3", "none"]})
-    k = v._comparison_key(df)
+    prov = {"config": {"methods": [
+        {"name": "ngram", "num_spec_tokens": 10, "replay": "fixed-ngram-k3", "label": "ngram-k10-fixed-ngram-k3"},
+        {"name": "ngram", "num_spec_tokens": 3, "replay": "fixed-ngram-k3", "label": "ngram-k3-fixed-ngram-k3"},
+        {"name": "ngram", "num_spec_tokens": 3, "replay": "fixed-ngram-k3", "label": "ngram-k3-fixed-ngram-k3-AA",
+         "aa_of": "ngram-k3-fixed-ngram-k3"},
+        {"name": "none", "label": "none"}]}}
+    k = v._comparison_key(df, v.arm_policies(prov))
     assert k["arm_policy"].tolist() == ["fixed-ngram-k3", "fixed-ngram-k3-AA", "none"]
     assert k["reference_policy"].tolist() == ["none", "fixed-ngram-k3", "none"]
 

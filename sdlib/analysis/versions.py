@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdlib.analysis.powered import powered_tables
+from sdlib.analysis.powered import arm_info, powered_tables
 from sdlib.analysis.intervals import sweep_intervals
 from sdlib.core import bootstrap
 from sdlib.store import SweepStore
@@ -98,14 +98,20 @@ def synthetic_long(t: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(sides, ignore_index=True)
 
 
-def _comparison_key(df: pd.DataFrame) -> pd.DataFrame:
-    """The arm and reference by their policy (the replay of a label), not by the engine's K, which the two
-    versions' configs may set differently (0.34 verifies K on every row, so fixed k runs on an engine of K = k)."""
-    def policy(label: str) -> str:
-        # labels are <method>-k<K>-<policy> (or none); the policy part names the comparison
-        parts = str(label).split("-", 2)
-        return parts[2] if len(parts) == 3 and parts[1].startswith("k") else str(label)
-    return df.assign(arm_policy=df["arm"].map(policy), reference_policy=df["reference"].map(policy))
+def arm_policies(provenance: dict) -> dict[str, str]:
+    """Per method label of a powered sweep: the policy it replays, from its config (``none`` for no SD; an A/A
+    twin's with ``-AA``), so that two versions' configs compare by policy, not by the engine's K, which they may
+    set differently (0.34 verifies K on every row, so fixed k runs on an engine of K = k)."""
+    out = {}
+    for m in arm_info(provenance).itertuples():
+        pol = m.replay if isinstance(m.replay, str) and m.replay else ("none" if m.family == "none" else m.method_label)
+        out[m.method_label] = f"{pol}-AA" if isinstance(m.aa_of, str) and m.aa_of else pol
+    return out
+
+
+def _comparison_key(df: pd.DataFrame, policies: dict[str, str]) -> pd.DataFrame:
+    """``df`` with ``arm_policy`` and ``reference_policy``: its labels' policies (:func:`arm_policies`)."""
+    return df.assign(arm_policy=df["arm"].map(policies), reference_policy=df["reference"].map(policies))
 
 
 def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
@@ -117,7 +123,7 @@ def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = boo
     for d in (old_dir, new_dir):
         t = powered_tables(d, n_boot=n_boot)
         rows = pd.concat([t["speedups"].assign(kind="over no SD"), t["headline"].assign(kind="over best fixed")])
-        sides.append(_comparison_key(rows))
+        sides.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())))
     keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
     extra = ["arm", "reference", "aa_ok", "n_prompts", "n_starts", "n_cells"]
     old, new = (s[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for s in sides)
