@@ -286,13 +286,31 @@ def _die_with_parent() -> None:
 
 #: Seconds a worker whose supervisor died gives vLLM to shut down before it ends its whole process group.
 ORPHAN_GRACE_S = 5.0
+#: Seconds :func:`_end_own_group` waits for the group's other processes to be gone (a SIGKILLed engine that
+#: maps gigabytes of KV cache can take seconds to exit on a loaded machine; its files are in use until then).
+REAP_WAIT_S = 20.0
+#: Set by the first SIGTERM or by :func:`_end_own_group`: from then on a further SIGTERM (the kernel's
+#: parent-death signal and the watcher's own both arrive when the supervisor dies) must not raise again in the
+#: main thread, which may be in the middle of the clean-up by then.
+_STOPPING = threading.Event()
+#: Held by the one thread that ends the group (the main thread's ``finally``, the supervisor watcher and the
+#: SIGTERM back-stop can all get there); the others wait for it to end the process.
+_ENDING = threading.Lock()
 
 
 def _end_own_group() -> None:
     """SIGKILL to this worker's process group (vLLM's engine processes, the resource tracker, then itself), and
     once the others are gone, unlink the /dev/shm files (semaphores, shared memory) the group maps or was seen
-    mapping and no live process holds any more (nobody else will: the supervisor is gone or gave up)."""
+    mapping and no live process holds any more (nobody else will: the supervisor is gone or gave up).
+
+    Runs once: a second caller (another thread) waits for the first to end the process. Signals cannot cut it
+    short (:data:`_STOPPING` turns :func:`_on_term` into a no-op)."""
+    _STOPPING.set()
     pg, me = os.getpgid(0), os.getpid()
+    if not _ENDING.acquire(blocking=False):
+        time.sleep(REAP_WAIT_S + 30.0)  # the first caller ends the process long before this
+        os.killpg(pg, signal.SIGKILL)
+        return
     pids = group_pids(pg)
     shm = shm_files(pids) | _SHM_SEEN
     for pid in pids:
@@ -301,7 +319,7 @@ def _end_own_group() -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + REAP_WAIT_S
     while time.monotonic() < deadline and any(p != me for p in group_pids(pg)):
         time.sleep(0.05)
     mine = shm_files([me])
@@ -310,7 +328,12 @@ def _end_own_group() -> None:
             os.unlink(f)
         except OSError:
             pass
-    remove_unused(shm - mine)  # the rest, unless a live process outside the group maps it
+    rest = shm - mine
+    remove_unused(rest)  # the rest, unless a live process outside the group maps it
+    deadline = time.monotonic() + 5.0  # a file still mapped by a process that is exiting: again once it is gone
+    while time.monotonic() < deadline and any(Path(f).exists() for f in rest):
+        time.sleep(0.2)
+        remove_unused(rest)
     os.killpg(pg, signal.SIGKILL)
 
 
@@ -326,14 +349,20 @@ def _watch_supervisor(poll_s: float = 0.5) -> None:
             except Exception:  # noqa: BLE001 - looking must never end the worker
                 pass
         time.sleep(min(poll_s, SHM_TRACK_S))
-    os.kill(os.getpid(), signal.SIGTERM)
+    if not _STOPPING.is_set():  # the parent-death SIGTERM may have come first (or prctl failed): once is enough
+        os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(ORPHAN_GRACE_S)
     _end_own_group()
 
 
 def _on_term(signum, frame):  # noqa: ARG001
     """SIGTERM (the supervisor ends us, or died): unwind so vLLM shuts its engine down; if that hangs, end the
-    whole process group after a grace period."""
+    whole process group after a grace period. Only the first SIGTERM does this: a later one returns at once, so
+    that it never interrupts the unwinding or the clean-up in :func:`_end_own_group`."""
+    if _STOPPING.is_set():
+        return
+    _STOPPING.set()
+
     def hard_stop():
         time.sleep(15)
         _end_own_group()
