@@ -17,6 +17,7 @@ import pandas as pd
 from sdlib.analysis.replay import (batch_throughput, calibration_table, error_summary, graph_mode, harness_hiccups,
                                    hook_times, measured_stack, method_info, paired_ratio, paired_speedups,
                                    replay_traces, sim_vs_measured, simulator_labels, step_costs)
+from sdlib.analysis.versions import vllm_version
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.costmodel import CostModel
 from sdlib.sim.replay_costs import fit_engine_steps, fits_table, refit_speedups, simulated_speedups
@@ -121,7 +122,8 @@ def hook_control(sweep_dirs: Sequence[str | Path]) -> pd.DataFrame:
     """The n-gram path's hook-off control (configs/h200_hookoff*.yaml): per sweep, engine method and batch size
     (datasets pooled, as :func:`~sdlib.analysis.replay.step_costs` pools them), the median engine step with its
     interquartile range, the CUDA-graph mode, whether the replay hooks were installed, and their host time
-    per wrapped call (``hook_ms``: ``vllm_ms`` inside vLLM's own call plus ``own_ms``, the hooks' own work)."""
+    per wrapped call (``hook_ms``: ``vllm_ms`` inside vLLM's own call plus ``own_ms``, the hooks' own work), and
+    the vLLM version the sweep's engines reported (``vllm``: 0.26's V1 runner and 0.34's V2 runner differ here)."""
     out = []
     for d in sweep_dirs:
         store = SweepStore(d)
@@ -134,8 +136,9 @@ def hook_control(sweep_dirs: Sequence[str | Path]) -> pd.DataFrame:
         t["hook_ms"], t["vllm_ms"] = 1000 * t["hook_s"] / t["hook_calls"], 1000 * t["vllm_s"] / t["hook_calls"]
         t["own_ms"] = t["hook_ms"] - t["vllm_ms"]
         c = c.merge(t.drop(columns=["hook_s", "vllm_s"]), on=["method_label", "batch_size"], how="left")
-        out.append(c.assign(sweep=store.dir.name, graph_mode=graph_mode(prov), hooks=c["replay"].notna()))
-    cols = ["sweep", "graph_mode", "engine", "method_label", "replay", "hooks", "K", "batch_size", "step_ms",
+        out.append(c.assign(sweep=store.dir.name, vllm=vllm_version(d), graph_mode=graph_mode(prov),
+                            hooks=c["replay"].notna()))
+    cols = ["sweep", "vllm", "graph_mode", "engine", "method_label", "replay", "hooks", "K", "batch_size", "step_ms",
             "step_ms_q25", "step_ms_q75", "tokens_per_step", "steps", "hook_calls", "hook_ms", "vllm_ms", "own_ms"]
     return pd.concat(out, ignore_index=True)[cols]
 

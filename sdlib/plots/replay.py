@@ -167,8 +167,10 @@ def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str
 
 def plot_hook_control(ctl: pd.DataFrame, title: str):
     """The n-gram path's hook-off control: median engine step (bar: interquartile range) per batch size, a
-    marker per engine method (filled: replay hooks installed), one panel per CUDA-graph mode."""
-    modes = list(dict.fromkeys(ctl["graph_mode"]))
+    marker per engine method (filled: replay hooks installed), one panel per vLLM version and CUDA-graph mode."""
+    ctl = ctl.assign(panel=[f"vLLM {v}, CUDA graphs: {m}" if "vllm" in ctl else f"CUDA graphs: {m}"
+                            for v, m in zip(ctl.get("vllm", ctl["graph_mode"]), ctl["graph_mode"])])
+    modes = list(dict.fromkeys(ctl["panel"]))
     labels = list(dict.fromkeys(ctl.sort_values(["hooks", "K", "method_label"])["method_label"]))
     bss = sorted(ctl["batch_size"].unique())
     fig, axes = new_figure(1, len(modes), width=5.2, height=3.8, sharey=True)
@@ -176,7 +178,7 @@ def plot_hook_control(ctl: pd.DataFrame, title: str):
     handles = {}
     for ax, mode in zip(axes[0], modes):
         for i, lab in enumerate(labels):
-            d = ctl[(ctl["graph_mode"] == mode) & (ctl["method_label"] == lab)].set_index("batch_size").reindex(bss)
+            d = ctl[(ctl["panel"] == mode) & (ctl["method_label"] == lab)].set_index("batch_size").reindex(bss)
             if d["step_ms"].isna().all():
                 continue
             x = np.arange(len(bss)) + (i - (len(labels) - 1) / 2) * w
@@ -185,7 +187,7 @@ def plot_hook_control(ctl: pd.DataFrame, title: str):
                             capsize=2, color=f"C{i}", mfc=f"C{i}" if hooked else "white")
             handles.setdefault(lab + (" (hooks)" if hooked else ""), h)
         ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
-        ax.set(title=f"CUDA graphs: {mode}", xlabel="batch size",
+        ax.set(title=mode, xlabel="batch size",
                ylabel="median engine step, ms (IQR)" if mode == modes[0] else "")
     axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title, fontsize=9, y=1.04)
