@@ -13,7 +13,7 @@ SERVING ?= configs/embedded_serving.yaml
 TRACE_DATASETS ?= sharegpt code_edit
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup models sweep serving traces confidences costmodels predictor notebooks figures test test-durations test-fast bench bench-serving roofline lab strip clean-sweep
+.PHONY: setup models sweep serving traces traces-large confidences costmodels predictor notebooks figures test test-durations test-fast bench bench-serving roofline lab strip clean-sweep
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,22 @@ traces: setup
 	  if [ -f $$out ]; then echo "$$out exists (delete it to remake)"; continue; fi; \
 	  $(PY) -m sdlib traces --models data/models --from-sweep data/sweeps/embedded_default --dataset $$ds \
 	    --num-requests 12 --methods ngram,eagle3 --k 8 --dtype bfloat16 --max-model-len 1024 --out $$out || exit 1; \
+	done
+
+# issue 24's traces at a useful size: the four offline workloads, 64 requests x up to 256 output tokens, k = 10,
+# n-gram exact and EAGLE-3 from the head's offline draft chain (torch float32, `--eagle3-engine offline`: a
+# minute a workload on 2 cores, where vLLM's one-request-per-position path takes hours), then the confidences
+# along them. Existing files are kept.
+LARGE_TRACE_DATASETS ?= sharegpt humaneval code_edit sharegpt_summary
+traces-large: setup
+	for ds in $(LARGE_TRACE_DATASETS); do \
+	  out=data/traces/ours64_$$ds.jsonl.gz; conf=data/traces/confidences/ours64_$$ds.jsonl.gz; \
+	  if [ -f $$out ]; then echo "$$out exists (delete it to remake)"; else \
+	    $(PY) -m sdlib traces --models data/models --dataset $$ds --num-requests 64 --max-output-tokens 256 \
+	      --k 10 --methods ngram,eagle3 --eagle3-engine offline --dtype bfloat16 --max-model-len 1024 \
+	      --out $$out || exit 1; fi; \
+	  if [ -f $$conf ]; then echo "$$conf exists (delete it to remake)"; else \
+	    $(PY) -m sdlib confidences --traces $$out --models data/models --out $$conf || exit 1; fi; \
 	done
 
 # EAGLE-3's top-1 probability of each draft along those traces (torch, offline; about 1 min per file on 2

@@ -52,6 +52,7 @@ class TracesCommand(Command):
     no_retry: bool = False
     prompts: Optional[str] = None
     save_prompts: Optional[str] = None
+    eagle3_engine: str = "vllm"
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -85,6 +86,10 @@ class TracesCommand(Command):
                              "(sdlib.workloads.promptfile), e.g. on a machine without the dataset's package")
         ap.add_argument("--save-prompts", default=None, metavar="FILE",
                         help="write the prompts this run would use to FILE (a prompt file) and stop: no engine")
+        ap.add_argument("--eagle3-engine", choices=list(stage.EAGLE3_ENGINES), default="vllm",
+                        help="what measures EAGLE-3's acceptance: vLLM, one request per position (default), or "
+                             "offline, the head's draft chain in torch float32 (about a thousand times cheaper "
+                             "on a CPU; the chain `sdlib confidences` reads)")
         ap.add_argument("--out", help="output .jsonl or .jsonl.gz (provenance JSON written beside it); "
                                       "required unless --save-prompts")
 
@@ -129,13 +134,15 @@ class TracesCommand(Command):
                           max_prompt_tokens=self.max_prompt_tokens, ignore_eos=self.ignore_eos,
                           retry_batch=None if self.no_retry else 16,
                           greedy_source=f"sweep:{repo_relative(resolve(self.from_sweep))}" if self.from_sweep
-                          else "given", prompts=prompts, prompts_info=prompts_info)
+                          else "given", prompts=prompts, prompts_info=prompts_info,
+                          eagle3_engine=self.eagle3_engine)
         path = write_traces(run.traces, self.out, {**run.info, "argv": sys.argv})
         print(f"wrote {path} ({run.info['num_requests']} requests, {run.info['output_tokens']} output tokens)")
         for m, v in run.info["mean_acc_len"].items():
             st = run.info["model_stats"].get(m)
             extra = (f"; {st['positions']} positions, mismatches prefill {st['mismatch_prefill']} / verify "
-                     f"{st['mismatch_verify']}, unresolved {st['unresolved']}") if st else ""
+                     f"{st['mismatch_verify']}, unresolved {st['unresolved']}") if st and "unresolved" in st else (
+                f"; {st['positions']} positions, offline" if st else "")
             print(f"  {m:12s} mean acc_len {v:.3f}  ({run.info['timings_s'].get(m, float('nan')):.1f} s{extra})")
         print("  timings (s): " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["timings_s"].items())
               + "; engine start: " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["engine_start_s"].items()))

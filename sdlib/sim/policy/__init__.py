@@ -16,6 +16,7 @@ Modules, in the order data flows:
     baselines     published adaptive rules (n-gram/EAGLE switch, SGLang, DynamicSD, SpecDecode-Bench ...)
     arctic        Arctic Inference's suffix-decoding rule
     vllm_adaptive vLLM 0.34's adaptive verification (online acceptance estimator, batch verification budget)
+    stopping      SpecDec++'s stop threshold (needs confidences) and a Nightjar-style bandit over k
     table         every policy at every batch size and cost model -> the policy table and gap table
     views         per-position choices and where policies lose (notebook 07)
     cli           ``sdlib simulate``
@@ -23,4 +24,4 @@ Modules, in the order data flows:
 They read the simulator (:mod:`sdlib.sim.oracle`, :mod:`sdlib.sim.costmodel`, :mod:`sdlib.sim.engine_costs`).
 """
 
-from sdlib.sim.policy import static, select, online, confidence, baselines, arctic, vllm_adaptive  # noqa: F401  (registers the policies)
+from sdlib.sim.policy import static, select, online, confidence, baselines, arctic, vllm_adaptive, stopping  # noqa: F401  (registers the policies)
