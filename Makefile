@@ -89,7 +89,7 @@ predictor: setup
 notebooks: setup
 	$(PY) -m sdlib.plots.notebooks --out build/notebooks
 
-figures: sweep traces confidences costmodels predictor serving notebooks
+figures: sweep traces confidences traces-large costmodels predictor serving notebooks
 	@echo "figures/ redrawn; the command line is $(VENV)/bin/sdlib (or 'source $(VENV)/bin/activate', then sdlib)"
 
 # notebooks run inside the tests (tests/test_notebooks_run.py, papermill) with figures in a temporary

@@ -248,6 +248,28 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
     assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
 
 
+def test_07_head_to_head_and_request_losses_are_the_tables(notebook_runs):
+    """Each head-to-head row's two speedups are the policies' speedups in the confidence section's table (same
+    cell), its ratio is theirs, its interval holds it and its verdict follows the interval; each request-loss
+    row's reference is the cell's best fixed method of the Oracle Select gap table."""
+    h2h = notebook_runs.csv("07_online_policy", "07_online_policy__head_to_head.csv")
+    table = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_table.csv")
+    sp = table.set_index(["cost_model", "dataset", "batch_size", "policy"])["speedup"]
+    assert len(h2h) == 2 * len(table[["cost_model", "dataset", "batch_size"]].drop_duplicates())
+    for r in h2h.itertuples():
+        assert r.speedup_a == pytest.approx(sp[(r.cost_model, r.dataset, r.batch_size, r.a)], rel=1e-9)
+        assert r.speedup_b == pytest.approx(sp[(r.cost_model, r.dataset, r.batch_size, r.b)], rel=1e-9)
+        assert r.ratio == pytest.approx(r.speedup_a / r.speedup_b, rel=1e-9) and r.ratio_lo <= r.ratio <= r.ratio_hi
+        want = f"{r.a} ahead" if r.ratio_lo > 1 else (f"{r.b} ahead" if r.ratio_hi < 1 else "not established")
+        assert r.verdict == want
+    rl = notebook_runs.csv("07_online_policy", "07_online_policy__request_losses.csv")
+    gaps = notebook_runs.csv("07_online_policy", "07_online_policy__select_gaps.csv")
+    bf = gaps.groupby(["cost_model", "dataset", "batch_size"]).first()["best_fixed"]
+    assert (rl.set_index(["cost_model", "dataset", "batch_size"])["best_fixed"] == bf.reindex(
+        rl.set_index(["cost_model", "dataset", "batch_size"]).index)).all()
+    assert rl.share_lost.between(0, 1).all() and (rl.p10_ratio <= rl.median_ratio).all()
+
+
 # ---------------------------------------------------------------------------
 # inputs that are not there: a clear error naming the folder, not another sweep's figures (the notebooks'
 # input cells run in this process, no papermill run: tests/conftest.py's run_input_cells)

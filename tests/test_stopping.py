@@ -120,3 +120,25 @@ def test_neither_exceeds_oracle_select_on_the_embedded_traces():
         assert len(t) == len(sel) > 0 and t["sd_tok_per_s"].notna().all()
         # a request's speedup over its own no-SD time (the policies run to different list lengths)
         assert (t["sd_tok_per_s"] / t["base_tok_per_s"] <= sel["sd_tok_per_s"] / sel["base_tok_per_s"] * (1 + 1e-9)).all(), pol
+
+
+def test_head_to_head_on_hand_made_requests():
+    """Two policies on three requests of one cell: the ratio is the ratio of their speedups (mean tokens per
+    second with SD over without), and a policy twice as fast on every request is ahead beyond doubt."""
+    import pandas as pd
+
+    from sdlib.sim.policy.views import head_to_head
+
+    rows = []
+    for i, (a, b) in enumerate([(4.0, 2.0), (6.0, 3.0), (8.0, 4.0)]):
+        for pol, v in (("a", a), ("b", b)):
+            rows.append({"cost_model": "cm", "dataset": "d", "batch_size": 1, "request_id": f"r{i}", "policy": pol,
+                         "sd_tok_per_s": v, "base_tok_per_s": 1.0})
+    h = head_to_head(pd.DataFrame(rows), "a", "b", n_boot=200)
+    assert len(h) == 1 and h.ratio[0] == pytest.approx(2.0) and h.ratio_lo[0] == pytest.approx(2.0)
+    assert h.verdict[0] == "a ahead" and h.num_requests[0] == 3
+    rows = [dict(r, sd_tok_per_s=r["sd_tok_per_s"] * (0.5 if (r["policy"] == "a" and r["request_id"] == "r0") else 1))
+            for r in rows]
+    rows += [dict(r, request_id=r["request_id"] + "x", sd_tok_per_s=r["sd_tok_per_s"] if r["policy"] == "a"
+                  else 2 * r["sd_tok_per_s"]) for r in rows]
+    assert head_to_head(pd.DataFrame(rows), "a", "b", n_boot=400).verdict[0] == "not established"

@@ -39,9 +39,16 @@ def our_traces_label(pattern: str) -> str:
 
     provs = [json.loads(provenance_path(Path(f)).read_text()) for f in sorted(glob.glob(pattern))
              if provenance_path(Path(f)).exists()]
-    parts = sorted({f"{p.get('target', '?')}, acceptance from vLLM {p.get('vllm_version', '?')} on "
-                    f"{p.get('device', '?')}" for p in provs}) or ["no provenance"]
-    return f"our traces (trained tiny models: {'; '.join(parts)})\n+ EAGLE-3 confidences (offline, float32)"
+
+    def eagle(p: dict) -> str:  # sdlib traces --eagle3-engine: vLLM (the default, and every older file) or offline
+        return "the head's offline draft chain (torch float32)" if str(p.get("eagle3_engine", "")).startswith("offline") else "vLLM"
+
+    parts = sorted({f"{p.get('target', '?')}, greedy outputs from vLLM {p.get('vllm_version', '?')} on "
+                    f"{p.get('device') or 'CPU'}, acceptance: n-gram exact, EAGLE-3 from {eagle(p)}" for p in provs}) \
+        or ["no provenance"]
+    reqs = sorted({int(p.get("num_requests", 0)) for p in provs})
+    n = f"{'/'.join(map(str, reqs))} requests per dataset, " if reqs else ""
+    return f"our traces ({n}trained tiny models: {'; '.join(parts)})\n+ EAGLE-3 confidences (offline, float32)"
 
 
 def plot_gap_shares(wide: pd.DataFrame, cost_model: str, policies: Sequence[str], title: str):
@@ -161,4 +168,28 @@ def plot_reliability(rel: pd.DataFrame, title: str):
                ylabel="acceptance rate" if d == ds[0] else "", xlim=(0, 1.02), ylim=(0, 1.02))
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_request_losses(rl: pd.DataFrame, cost_model: str, policies: Sequence[str], title: str):
+    """Where each rule loses, request by request (:func:`sdlib.sim.policy.views.request_losses`): per dataset
+    (panels) and batch size (x), the share of requests on which each rule is slower than the cell's best fixed
+    method on the same request (one marker per rule; the dashed line is half the requests)."""
+    d = rl[rl.cost_model == cost_model]
+    ds = list(dict.fromkeys(d["dataset"]))
+    bss = sorted(d["batch_size"].unique())
+    pols = [p for p in policies if p in set(d["policy"])]
+    fig, axes = new_figure(1, max(len(ds), 1), width=3.6, height=3.4, sharey=True)
+    w = 0.8 / max(len(pols), 1)
+    for ax, name in zip(axes[0], ds):
+        for i, pol in enumerate(pols):
+            g = d[(d.dataset == name) & (d.policy == pol)].set_index("batch_size").reindex(bss)
+            x = np.arange(len(bss)) + (i - (len(pols) - 1) / 2) * w
+            ax.plot(x, g["share_lost"], "o", color=f"C{i}", label=pol if name == ds[0] else None)
+        ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
+        ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
+        ax.set(title=name, xlabel="batch size", ylim=(-0.03, 1.03),
+               ylabel="share of requests slower than best fixed" if name == ds[0] else "")
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(pols), 4), fontsize=7)
+    fig.suptitle(title, fontsize=9, y=1.06)
     return fig

@@ -1,5 +1,6 @@
 """Views of the policy tables for notebook 07: the gap-closing table, its split into choosing the length and
-choosing the drafter, the criteria of issue #13 per cell, where the baselines lose, and per-position choices.
+choosing the drafter, the criteria of issue #13 per cell, where the baselines lose, two policies head to head
+(paired over requests), where each rule loses request by request, and per-position choices.
 
 Usage:
     from sdlib.sim.policy.views import gap_wide, decomposition, criteria
@@ -13,6 +14,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from sdlib.core import bootstrap
 from sdlib.sim.policy.walk import DRAFTER_NAMES, PolicyInputs, PolicySteps
 
 KEYS = ["cost_model", "dataset", "batch_size"]
@@ -110,3 +112,74 @@ def pick_requests(inp: PolicyInputs, per_req: pd.DataFrame, policy: str, cost_mo
         rid = s.request_id.to_numpy()[int(np.argsort(sp)[len(sp) // 2])]
         out.append(int(np.flatnonzero((inp.prep.dataset == ds) & (inp.prep.request_id == rid))[0]))
     return out
+
+
+def _cell_speedups(per_req: pd.DataFrame, policy: str) -> pd.DataFrame:
+    """``policy``'s per-request rows: sd and no-SD tokens per second, indexed by cell and request."""
+    r = per_req[per_req.policy == policy]
+    return r.set_index(KEYS + ["request_id"])[["sd_tok_per_s", "base_tok_per_s"]]
+
+
+def head_to_head(per_req: pd.DataFrame, a: str, b: str, n_boot: int = bootstrap.N_BOOT,
+                 ci: float = 0.95) -> pd.DataFrame:
+    """Per cell: ``a``'s speedup over ``b``'s (each the ratio of mean tokens per second with SD to without, as
+    :func:`sdlib.sim.policy.table.summarise` computes it), with a percentile bootstrap interval over the cell's
+    requests, paired (one resample of requests for both), and ``verdict``: ``a ahead`` / ``b ahead`` where the
+    interval excludes 1, else ``not established``."""
+    A, B = _cell_speedups(per_req, a), _cell_speedups(per_req, b)
+    if A.empty or B.empty:
+        raise ValueError(f"head_to_head: no rows of {a if A.empty else b!r}")
+    rows = []
+    for cell, ga in A.groupby(level=[0, 1, 2], sort=False):
+        gb = B.loc[ga.index.intersection(B.index)]
+        ga = ga.loc[gb.index]
+        if ga.empty:
+            continue
+        X = np.stack([ga.sd_tok_per_s, ga.base_tok_per_s, gb.sd_tok_per_s, gb.base_tok_per_s], axis=1)
+        W = bootstrap.keyed_unit_weights(("views.head_to_head", cell[1], len(X)), len(X), n_boot)
+        M = W @ X
+        boot = (M[:, 0] / M[:, 1]) / (M[:, 2] / M[:, 3])
+        m = X.mean(axis=0)
+        ratio = float((m[0] / m[1]) / (m[2] / m[3]))
+        lo, hi = bootstrap.interval(boot[:, None], ci)
+        lo, hi = float(lo[0]), float(hi[0])
+        rows.append({**dict(zip(KEYS, cell)), "a": a, "b": b, "speedup_a": float(m[0] / m[1]),
+                     "speedup_b": float(m[2] / m[3]), "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
+                     "num_requests": len(X),
+                     "verdict": f"{a} ahead" if lo > 1 else (f"{b} ahead" if hi < 1 else "not established")})
+    return pd.DataFrame(rows)
+
+
+def head_to_heads(per_req: pd.DataFrame, pairs: Sequence[Sequence[str]], n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """:func:`head_to_head` for each ``(a, b)`` of ``pairs``, one table."""
+    return pd.concat([head_to_head(per_req, a, b, n_boot) for a, b in pairs], ignore_index=True)
+
+
+def request_losses(per_req: pd.DataFrame, gaps: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
+    """Where each rule loses, request by request: per cell and policy, each request's speedup over the cell's
+    best fixed method on the same request (both over their own no-SD time), summarised as the share of
+    requests it loses on (ratio < 1), the median and the 10th percentile of the ratio, and the best fixed
+    method's tokens per step on the requests it loses on and on those it does not (``lost_*``, ``won_*``: does
+    it lose where drafts are long, or where they are short?)."""
+    bf = gaps.groupby(KEYS).first()["best_fixed"]
+    out = []
+    for pol in policies:
+        P = per_req[per_req.policy == pol]
+        if P.empty:
+            continue
+        for cell, g in P.groupby(KEYS, sort=False):
+            if cell not in bf.index:
+                continue
+            ref = per_req[(per_req.policy == bf[cell]) & (per_req.cost_model == cell[0]) &
+                          (per_req.dataset == cell[1]) & (per_req.batch_size == cell[2])].set_index("request_id")
+            g = g.set_index("request_id").loc[ref.index.intersection(g.set_index("request_id").index)]
+            r = ref.loc[g.index]
+            ratio = (g.sd_tok_per_s / g.base_tok_per_s) / (r.sd_tok_per_s / r.base_tok_per_s)
+            lost = ratio < 1
+            per_step = r.gained / r.num_steps
+            out.append({**dict(zip(KEYS, cell)), "policy": pol, "best_fixed": bf[cell], "num_requests": len(ratio),
+                        "share_lost": float(lost.mean()), "median_ratio": float(ratio.median()),
+                        "p10_ratio": float(ratio.quantile(0.1)),
+                        "lost_best_fixed_tokens_per_step": float(per_step[lost].mean()) if lost.any() else np.nan,
+                        "won_best_fixed_tokens_per_step": float(per_step[~lost].mean()) if (~lost).any() else np.nan})
+    return pd.DataFrame(out)
