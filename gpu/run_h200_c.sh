@@ -9,7 +9,8 @@
 #    drafting nothing, bs 1 / 32 / 128, the 0.26 control's design). Ray is carried as .raywhl/raysite.tar.xz
 #    (ray 2.60.0 without its Java jar and dashboard source maps, plus jsonschema and its three packages the
 #    image lacks). A local `sdlib sweep` afterwards runs whatever cells Ray did not finish (done cells are
-#    skipped), so a Ray failure costs the Ray attempt, not the measurement.
+#    skipped), so a Ray failure costs the Ray attempt, not the measurement. Build the carry with
+#    gpu/build_ray_carry.sh.
 # 2. gpu/adaptive_ab_034.py (issue 23: does adaptive verification leave padded slots unverified; its cost
 #    tables), bs 128 only, in the time left; it writes its JSON after every arm.
 #
