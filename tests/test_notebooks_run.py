@@ -243,7 +243,13 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
         sp = t.set_index("policy").speedup
         fixed = sp[[p for p in sp.index if p.startswith("fixed-")]]
         assert {p.split("-")[1] for p in fixed.index} == {"eagle3", "ngram"} and g.best_fixed == fixed.idxmax()
-        assert g.gap_share == pytest.approx((sp[g.policy] - fixed.max()) / (sp["combine"] - fixed.max()), abs=1e-6)
+        # share x gap = the policy's lead: where Oracle Combine barely passes the best fixed method the share is
+        # large (-217 on code_edit at bs 1 under the authors' model) and the ratio of two CSV-rounded differences
+        # is not exact to 1e-6
+        if sp["combine"] <= fixed.max():  # no gap (Oracle Combine pays both drafters: it can fall below): no share
+            assert np.isnan(g.gap_share)
+        else:
+            assert g.gap_share * (sp["combine"] - fixed.max()) == pytest.approx(sp[g.policy] - fixed.max(), abs=1e-6)
     rel = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_reliability.csv")
     assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
 

@@ -44,8 +44,8 @@ STAND_IN = textwrap.dedent("""
         return real(files)
     w.remove_unused = remove_unused
     signal.signal(signal.SIGTERM, w._on_term)
-    print("ready", flush=True)
     try:
+        print("ready", flush=True)  # inside the try: the test's SIGTERM may come at once
         while True:
             time.sleep(0.05)
     except KeyboardInterrupt:
