@@ -97,16 +97,14 @@ def test_nightjar_turns_speculation_off_where_nothing_is_accepted_and_drafts_lon
     assert (nothing.eagle_n[nothing.drafter == EAGLE] >= nothing.n_i[nothing.drafter == EAGLE]).all()
 
 
-def test_neither_exceeds_oracle_select_on_the_embedded_traces():
+def test_neither_exceeds_oracle_select_on_the_embedded_traces(tmp_path):
     """Simulated with confidences, at bs 1 and 128 under both cost models: no request of either rule beats
     Oracle Select (the clairvoyant bound over the same actions)."""
     import pandas as pd
 
     from sdlib.cli import main
 
-    out = resolve("build") / "test_stopping_sim.csv"
-    per = resolve("build") / "test_stopping_per_request.parquet"
-    out.parent.mkdir(exist_ok=True)
+    out, per = tmp_path / "sim.csv", tmp_path / "per_request.parquet"
     assert main(["simulate", "--traces", str(resolve("data/traces/embedded_*.jsonl.gz")), "--confidences",
                  str(resolve("data/traces/confidences/embedded_*.jsonl.gz")), "--policies",
                  "specdecpp-h0.3,specdecpp-h0.7,nightjar-ucb,oracle-select", "--batch-sizes", "1,128",

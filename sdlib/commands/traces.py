@@ -140,9 +140,12 @@ class TracesCommand(Command):
         print(f"wrote {path} ({run.info['num_requests']} requests, {run.info['output_tokens']} output tokens)")
         for m, v in run.info["mean_acc_len"].items():
             st = run.info["model_stats"].get(m)
-            extra = (f"; {st['positions']} positions, mismatches prefill {st['mismatch_prefill']} / verify "
-                     f"{st['mismatch_verify']}, unresolved {st['unresolved']}") if st and "unresolved" in st else (
-                f"; {st['positions']} positions, offline" if st else "")
+            extra = ""
+            if st and st.get("engine") == "offline":
+                extra = f"; {st['positions']} positions, offline"
+            elif st:
+                extra = (f"; {st['positions']} positions, mismatches prefill {st['mismatch_prefill']} / verify "
+                         f"{st['mismatch_verify']}, unresolved {st['unresolved']}")
             print(f"  {m:12s} mean acc_len {v:.3f}  ({run.info['timings_s'].get(m, float('nan')):.1f} s{extra})")
         print("  timings (s): " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["timings_s"].items())
               + "; engine start: " + ", ".join(f"{a} {b:.1f}" for a, b in run.info["engine_start_s"].items()))

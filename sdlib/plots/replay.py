@@ -168,8 +168,8 @@ def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str
 def plot_hook_control(ctl: pd.DataFrame, title: str):
     """The n-gram path's hook-off control: median engine step (bar: interquartile range) per batch size, a
     marker per engine method (filled: replay hooks installed), one panel per vLLM version and CUDA-graph mode."""
-    ctl = ctl.assign(panel=[f"vLLM {v}, CUDA graphs: {m}" if "vllm" in ctl else f"CUDA graphs: {m}"
-                            for v, m in zip(ctl.get("vllm", ctl["graph_mode"]), ctl["graph_mode"])])
+    panel = "CUDA graphs: " + ctl["graph_mode"].astype(str)
+    ctl = ctl.assign(panel=("vLLM " + ctl["vllm"].astype(str) + ", " + panel) if "vllm" in ctl else panel)
     modes = list(dict.fromkeys(ctl["panel"]))
     labels = list(dict.fromkeys(ctl.sort_values(["hooks", "K", "method_label"])["method_label"]))
     bss = sorted(ctl["batch_size"].unique())

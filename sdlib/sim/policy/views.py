@@ -121,7 +121,7 @@ def _cell_speedups(per_req: pd.DataFrame, policy: str) -> pd.DataFrame:
 
 
 def head_to_head(per_req: pd.DataFrame, a: str, b: str, n_boot: int = bootstrap.N_BOOT,
-                 ci: float = 0.95) -> pd.DataFrame:
+                 ci: float = bootstrap.LEVEL) -> pd.DataFrame:
     """Per cell: ``a``'s speedup over ``b``'s (each the ratio of mean tokens per second with SD to without, as
     :func:`sdlib.sim.policy.table.summarise` computes it), with a percentile bootstrap interval over the cell's
     requests, paired (one resample of requests for both), and ``verdict``: ``a ahead`` / ``b ahead`` where the
@@ -162,18 +162,18 @@ def request_losses(per_req: pd.DataFrame, gaps: pd.DataFrame, policies: Sequence
     method's tokens per step on the requests it loses on and on those it does not (``lost_*``, ``won_*``: does
     it lose where drafts are long, or where they are short?)."""
     bf = gaps.groupby(KEYS).first()["best_fixed"]
+    rows = per_req.set_index(KEYS + ["policy", "request_id"]).sort_index()
     out = []
     for pol in policies:
         P = per_req[per_req.policy == pol]
         if P.empty:
             continue
-        for cell, g in P.groupby(KEYS, sort=False):
+        for cell, _ in P.groupby(KEYS, sort=False):
             if cell not in bf.index:
                 continue
-            ref = per_req[(per_req.policy == bf[cell]) & (per_req.cost_model == cell[0]) &
-                          (per_req.dataset == cell[1]) & (per_req.batch_size == cell[2])].set_index("request_id")
-            g = g.set_index("request_id").loc[ref.index.intersection(g.set_index("request_id").index)]
-            r = ref.loc[g.index]
+            g, r = rows.loc[(*cell, pol)], rows.loc[(*cell, bf[cell])]
+            common = r.index.intersection(g.index)
+            g, r = g.loc[common], r.loc[common]
             ratio = (g.sd_tok_per_s / g.base_tok_per_s) / (r.sd_tok_per_s / r.base_tok_per_s)
             lost = ratio < 1
             per_step = r.gained / r.num_steps
