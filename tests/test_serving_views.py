@@ -24,27 +24,59 @@ def _defaults() -> dict:
     return {t.id: ast.literal_eval(n.value) for n in ast.parse(src).body for t in n.targets}
 
 
-@pytest.fixture(scope="module")
-def committed():
+#: the notebook runs that draw a committed serving sweep: its defaults (the CPU build) and the H200 sweep on
+#: vLLM 0.34 (sdlib/plots/notebooks.py lists both), with what each figure title must say
+RUNS = {
+    "embedded": (None, ("tiny-target", "trained", "real acceptance", "vLLM 0.32", "Poisson")),
+    "h200_v034": ("h200_v034_serving.papermill.yaml",
+                  ("llama-3.1-8b", "dummy weights", "synthetic acceptance", "NVIDIA H200", "vLLM 0.34.0", "Poisson")),
+}
+
+
+def _parameters(run: str) -> dict:
+    import yaml
+
     p = _defaults()
+    if RUNS[run][0]:
+        p.update(yaml.safe_load((CONFIGS_DIR / RUNS[run][0]).read_text()))
+    return p
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def committed(request):
+    p = _parameters(request.param)
     cfg = load_serving(p["SERVING_CONFIG"])
     store = ServingStore(cfg.out_dir)
     if not store.done_ids():
         pytest.skip("no committed serving tables")
-    return p, cfg, store, M.read_serving(store, cfg.run_ids())
+    return p, cfg, store, M.read_serving(store, cfg.run_ids()), RUNS[request.param][1]
 
 
 def test_committed_serving_sweep_is_complete(committed):
-    _, cfg, store, t = committed
-    assert set(t["serve_runs"]["run_id"]) == cfg.run_ids(), "rerun `sdlib serve configs/embedded_serving.yaml`"
+    _, cfg, store, t, _ = committed
+    assert set(t["serve_runs"]["run_id"]) == cfg.run_ids(), f"rerun `sdlib serve` on {cfg.name}'s config"
     assert store.failures().empty
     runs = t["serve_runs"]
-    # the client kept the schedule: sent rate within 5% of the requested rate in every cell
+    # every request completed, and the client kept the schedule: sent rate within 5% of the requested rate
+    assert (runs["completed"] == runs["num_requests"]).all() and (runs["failed"] == 0).all()
     assert ((runs["sent_rate_rps"] / runs["rate_rps"] - 1).abs() < 0.05).all()
 
 
+def test_summary_percentiles_equal_a_recomputation_from_the_request_tables(committed):
+    """What the sweep wrote per cell (serve_runs) against :func:`summarize` of that cell's own per-request
+    and per-message tables: the GPU sweep's numbers are checked as the CPU engine test checks its own."""
+    _, _, _, t, _ = committed
+    runs, req, ch = t["serve_runs"], t["serve_requests"], t["serve_chunks"]
+    for r in runs.itertuples():
+        s = M.summarize(req[req.run_id == r.run_id], ch[ch.run_id == r.run_id])
+        assert s and "ttft_p99_s" in s and "itl_p50_s" in s
+        for k, v in s.items():
+            got = getattr(r, k)
+            assert (pd.isna(got) and pd.isna(v)) or got == pytest.approx(v, rel=1e-9), (r.run_id, k, got, v)
+
+
 def test_decision_table_csv_is_recomputed_from_the_tables(committed):
-    p, cfg, store, t = committed
+    p, cfg, store, t, _ = committed
     f = FIGURES_DIR / f"08_serving__decision__serving={cfg.name}.csv"
     if not f.exists():
         pytest.skip("run the notebook first")
@@ -65,7 +97,7 @@ def test_decision_table_csv_is_recomputed_from_the_tables(committed):
 
 
 def test_latency_csv_estimates_equal_the_summaries(committed):
-    _, cfg, _, t = committed
+    _, cfg, _, t, _ = committed
     f = FIGURES_DIR / f"08_serving__latency__serving={cfg.name}.csv"
     if not f.exists():
         pytest.skip("run the notebook first")
@@ -78,15 +110,17 @@ def test_latency_csv_estimates_equal_the_summaries(committed):
 def test_serving_title_names_models_device_and_vllm(committed):
     from sdlib.plots.serving import serving_title
 
-    _, cfg, store, _ = committed
+    _, cfg, store, _, says = committed
     title = serving_title(store, "x")
-    for s in (cfg.name, "tiny-target", "trained", "real acceptance", "vLLM 0.32", "Poisson"):
+    for s in (cfg.name, *says):
         assert s in title, (s, title)
+    assert title.count("dummy weights") <= 1, title
 
 
-def test_papermill_file_names_the_serving_config():
+@pytest.mark.parametrize("name", ["h200_serving.papermill.yaml", "h200_v034_serving.papermill.yaml"])
+def test_papermill_file_names_the_serving_config(name):
     import yaml
 
-    p = yaml.safe_load((CONFIGS_DIR / "h200_serving.papermill.yaml").read_text())
+    p = yaml.safe_load((CONFIGS_DIR / name).read_text())
     assert set(p) <= set(_defaults()), "papermill parameters must be the notebook's"
     load_serving(p["SERVING_CONFIG"])

@@ -45,6 +45,7 @@ class NotebookRun:
 
 GPU_SWEEPS = "configs/gpu_sweeps.papermill.yaml"
 GPU_VERSIONS = "configs/gpu_versions.papermill.yaml"
+H200_V034_SERVING = "configs/h200_v034_serving.papermill.yaml"
 
 #: The runs, in order (notebook 05 reads data/costmodels/, written by ``make costmodels``).
 RUNS = [
@@ -59,6 +60,7 @@ RUNS = [
     NotebookRun("06_trace_replay"),
     NotebookRun("07_online_policy"),
     NotebookRun("08_serving"),
+    NotebookRun("08_serving", H200_V034_SERVING),
 ]
 
 

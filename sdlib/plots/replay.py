@@ -274,3 +274,52 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
+
+
+def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFrame, tokens: pd.DataFrame,
+                     title: str):
+    """vLLM 0.34's adaptive verification (:mod:`sdlib.analysis.adaptive_ab`): left, the verify cost table the
+    engine profiled at start-up (ms by tokens verified in a step; dotted: its CUDA-graph token limit) with the
+    A/B's untrimmed and drafted-only token counts marked; middle, every timed call's step per arm (bar: mean);
+    right, the step-time ratios with their 95% intervals (call-to-call only: one engine start per arm)."""
+    from sdlib.plots.style import log_axis_plain
+
+    fig, axes = new_figure(1, 3, width=4.6, height=3.6)
+    ax = axes[0][0]
+    v = table[table["what"] == "verify"]
+    v = v[v["n"] > 0]
+    ax.plot(v["n"], v["ms"], "o-", ms=3, color="C0", label="verify (start-up table)")
+    lim = table["graph_limit"].dropna()
+    if len(lim):
+        ax.axvline(float(lim.iloc[0]), ls=":", color="grey", label=f"CUDA-graph limit ({int(lim.iloc[0])} tokens)")
+    padded = tokens[tokens["k"] > tokens["drafted"]]
+    for col, style, name in (("tokens_untrimmed", "s", "padded arms, 1 + K per row"),
+                             ("tokens_drafted", "D", "1 + drafted per row")):
+        for n in sorted(set(padded[col])):
+            ms = float(np.interp(n, v["n"], v["ms"]))
+            ax.plot([n], [ms], style, color="C3" if col == "tokens_untrimmed" else "C2", ms=7, mfc="white",
+                    label=f"{name}: {n} tokens")
+    ax.set_xscale("log")
+    log_axis_plain(ax, "y")
+    ax.set(xlabel="tokens verified in a step", ylabel="ms", title="cost table (adaptive engine)")
+    ax.legend(fontsize=7, loc="upper left")
+    ax = axes[0][1]
+    arms = list(dict.fromkeys(calls.sort_values(["k", "adaptive"])["arm"]))
+    for i, arm in enumerate(arms):
+        d = calls[calls["arm"] == arm]
+        ax.plot(np.full(len(d), i) + np.linspace(-0.08, 0.08, len(d)), d["step_ms"], "o", color=f"C{i}")
+        ax.hlines(d["step_ms"].mean(), i - 0.25, i + 0.25, color=f"C{i}")
+    bs = sorted(calls["bs"].unique())
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set(ylabel="ms per decode step (wall / steps)", title=f"timed calls, bs {', '.join(map(str, bs))}")
+    ax = axes[0][2]
+    lab = [f"{r.arm} / {r.reference}" + (f" (bs {r.bs})" if len(bs) > 1 else "") for r in ratios.itertuples()]
+    y = np.arange(len(ratios))
+    ax.errorbar(ratios["ratio"], y, xerr=_err(ratios, "ratio", "lo", "hi"), fmt="o", capsize=3, color="black")
+    ax.axvline(1.0, ls=":", color="grey")
+    ax.set_yticks(y, lab, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="step-time ratio (95% interval)", title="ratios of mean step times")
+    fig.suptitle(title, fontsize=9, y=1.04)
+    fig.tight_layout()
+    return fig

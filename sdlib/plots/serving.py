@@ -30,7 +30,7 @@ def serving_title(store, what: str = "") -> str:
     notes = _notes(cards, models)
     synthetic = any("synthetic" in str(m.get("options", {})) for m in cfg.get("methods", []))
     dummy = any(m.get("load_format") == "dummy" for m in cfg.get("models", []))
-    notes += ["dummy weights"] if dummy and "dummy weights" not in notes else []
+    notes += ["dummy weights"] if dummy and not any("dummy weights" in n for n in notes) else []
     notes += ["synthetic acceptance" if synthetic else "real acceptance"]
     b = (cfg.get("traffic") or {}).get("burstiness", 1.0)
     arrivals = "Poisson arrivals" if b == 1 else f"gamma arrivals (burstiness {b:g})"
