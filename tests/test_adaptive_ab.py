@@ -59,6 +59,6 @@ def test_notebook_06_adaptive_ab_csv_is_the_recomputation(record):
         pytest.skip("run notebook 06 first")
     got = pd.read_csv(f)
     want = A.ab_ratios(A.ab_calls(record))
-    for col in ("ratio", "lo", "hi", "step_ms_arm", "step_ms_reference"):
+    for col in ("ratio", "ratio_lo", "ratio_hi", "step_ms_arm", "step_ms_reference"):
         np.testing.assert_allclose(got[col].to_numpy(float), want[col].to_numpy(float), rtol=1e-9)
     assert got["established"].tolist() == want["established"].tolist()

@@ -83,7 +83,7 @@ def ab_ratios(calls: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS, lev
             xb = calls.loc[(calls.arm == b) & (calls.bs == bs), "step_ms"].to_numpy()
             r, lo, hi = log_ratio_interval(xa, xb, level)
             out.append({"arm": a, "reference": b, "bs": bs, "step_ms_arm": xa.mean(), "step_ms_reference": xb.mean(),
-                        "ratio": r, "lo": lo, "hi": hi, "n_arm": len(xa), "n_reference": len(xb),
+                        "ratio": r, "ratio_lo": lo, "ratio_hi": hi, "n_arm": len(xa), "n_reference": len(xb),
                         "established": bool(lo > 1 or hi < 1)})
     return pd.DataFrame(out)
 

@@ -315,7 +315,7 @@ def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFr
     ax = axes[0][2]
     lab = [f"{r.arm} / {r.reference}" + (f" (bs {r.bs})" if len(bs) > 1 else "") for r in ratios.itertuples()]
     y = np.arange(len(ratios))
-    ax.errorbar(ratios["ratio"], y, xerr=_err(ratios, "ratio", "lo", "hi"), fmt="o", capsize=3, color="black")
+    ax.errorbar(ratios["ratio"], y, xerr=_err(ratios, "ratio", "ratio_lo", "ratio_hi"), fmt="o", capsize=3, color="black")
     ax.axvline(1.0, ls=":", color="grey")
     ax.set_yticks(y, lab, fontsize=8)
     ax.invert_yaxis()
