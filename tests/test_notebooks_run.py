@@ -274,6 +274,8 @@ def test_07_head_to_head_and_request_losses_are_the_tables(notebook_runs):
     assert (rl.set_index(["cost_model", "dataset", "batch_size"])["best_fixed"] == bf.reindex(
         rl.set_index(["cost_model", "dataset", "batch_size"]).index)).all()
     assert rl.share_lost.between(0, 1).all() and (rl.p10_ratio <= rl.median_ratio).all()
+    assert (rl.share_lost_lo <= rl.share_lost).all() and (rl.share_lost <= rl.share_lost_hi).all()
+    assert (rl.share_lost_hi - rl.share_lost_lo > 0).all()  # Wilson: width even at 0 of n
 
 
 # ---------------------------------------------------------------------------

@@ -174,7 +174,8 @@ def plot_reliability(rel: pd.DataFrame, title: str):
 def plot_request_losses(rl: pd.DataFrame, cost_model: str, policies: Sequence[str], title: str):
     """Where each rule loses, request by request (:func:`sdlib.sim.policy.views.request_losses`): per dataset
     (panels) and batch size (x), the share of requests on which each rule is slower than the cell's best fixed
-    method on the same request (one marker per rule; the dashed line is half the requests)."""
+    method on the same request (one marker per rule, bar: 95% Wilson interval over the cell's requests; the dashed
+    line is half the requests)."""
     d = rl[rl.cost_model == cost_model]
     ds = list(dict.fromkeys(d["dataset"]))
     bss = sorted(d["batch_size"].unique())
@@ -185,7 +186,10 @@ def plot_request_losses(rl: pd.DataFrame, cost_model: str, policies: Sequence[st
         for i, pol in enumerate(pols):
             g = d[(d.dataset == name) & (d.policy == pol)].set_index("batch_size").reindex(bss)
             x = np.arange(len(bss)) + (i - (len(pols) - 1) / 2) * w
-            ax.plot(x, g["share_lost"], "o", color=f"C{i}", label=pol if name == ds[0] else None)
+            err = (np.vstack([g["share_lost"] - g["share_lost_lo"], g["share_lost_hi"] - g["share_lost"]])
+                   if "share_lost_lo" in g else None)
+            ax.errorbar(x, g["share_lost"], yerr=err, fmt="o", capsize=2, color=f"C{i}",
+                        label=pol if name == ds[0] else None)
         ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
         ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
         ax.set(title=name, xlabel="batch size", ylim=(-0.03, 1.03),

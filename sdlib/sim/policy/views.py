@@ -158,7 +158,8 @@ def head_to_heads(per_req: pd.DataFrame, pairs: Sequence[Sequence[str]], n_boot:
 def request_losses(per_req: pd.DataFrame, gaps: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
     """Where each rule loses, request by request: per cell and policy, each request's speedup over the cell's
     best fixed method on the same request (both over their own no-SD time), summarised as the share of
-    requests it loses on (ratio < 1), the median and the 10th percentile of the ratio, and the best fixed
+    requests it loses on (ratio < 1; ``share_lost_lo`` / ``_hi``: its Wilson interval over the cell's requests), the
+    median and the 10th percentile of the ratio, and the best fixed
     method's tokens per step on the requests it loses on and on those it does not (``lost_*``, ``won_*``: does
     it lose where drafts are long, or where they are short?)."""
     bf = gaps.groupby(KEYS).first()["best_fixed"]
@@ -177,8 +178,10 @@ def request_losses(per_req: pd.DataFrame, gaps: pd.DataFrame, policies: Sequence
             ratio = (g.sd_tok_per_s / g.base_tok_per_s) / (r.sd_tok_per_s / r.base_tok_per_s)
             lost = ratio < 1
             per_step = r.gained / r.num_steps
+            lo, hi = bootstrap.wilson(int(lost.sum()), len(ratio))
             out.append({**dict(zip(KEYS, cell)), "policy": pol, "best_fixed": bf[cell], "num_requests": len(ratio),
-                        "share_lost": float(lost.mean()), "median_ratio": float(ratio.median()),
+                        "share_lost": float(lost.mean()), "share_lost_lo": float(lo), "share_lost_hi": float(hi),
+                        "median_ratio": float(ratio.median()),
                         "p10_ratio": float(ratio.quantile(0.1)),
                         "lost_best_fixed_tokens_per_step": float(per_step[lost].mean()) if lost.any() else np.nan,
                         "won_best_fixed_tokens_per_step": float(per_step[~lost].mean()) if (~lost).any() else np.nan})
