@@ -28,7 +28,7 @@ from pydantic.dataclasses import dataclass
 import sdlib.sim.policy  # noqa: F401  (registers the policies a config's replay may name)
 from sdlib.core.registry import METHODS as METHOD_SPECS
 from sdlib.core.registry import POLICIES as POLICY_SPECS
-from sdlib.core.registry import RegistryError, engine_label, method_spec, replay_names, replay_ref
+from sdlib.core.registry import SDLIB_OPTIONS, RegistryError, engine_label, method_spec, replay_names, replay_ref
 from sdlib.models.shapes import shape_files
 from sdlib.paths import SWEEPS_DIR, hub_repo_cache, repo_relative, resolve, results_base
 from sdlib.sim import replay as sim_replay
@@ -247,16 +247,53 @@ class MethodConfig:
         reserved = {"method", "model", "num_speculative_tokens"} & set(self.options)
         if reserved:
             raise ValueError(f"options may not set {sorted(reserved)}: use name/model/num_spec_tokens")
+        self._check_sdlib_options(spec)
         if self.label is None:
             self.label = self.engine_label
             if self.replay:
                 self.label += f"-{self.replay}"
+            if self.confidence_stop is not None:
+                self.label += f"-conf{self.confidence_stop:g}"
         return self
 
+    def _check_sdlib_options(self, spec) -> None:
+        """The options sdlib acts on itself (:data:`sdlib.core.registry.SDLIB_OPTIONS`): only on methods that take
+        them, with a valid value."""
+        for k in set(self.options) & set(SDLIB_OPTIONS):
+            if k not in spec.sdlib_options:
+                takers = [m.name for m in METHOD_SPECS.values() if k in m.sdlib_options]
+                raise ValueError(f"options.{k}: only for method {' or '.join(takers)} (not {self.name!r})")
+        h = self.options.get("confidence_stop")
+        if h is None:
+            return
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 < h <= 1.0:
+            raise ValueError(f"options.confidence_stop: {h!r} is not a threshold 0 < h <= 1 (stop after draft j "
+                             "when 1 - p_1...p_j > h; 1 never stops)")
+        if self.replay is not None:
+            raise ValueError("options.confidence_stop: not with replay (a replay's plan decides the drafts)")
+
+    @property
+    def confidence_stop(self) -> Optional[float]:
+        """SpecDec++'s stop threshold h on vLLM's own drafter (``options.confidence_stop``), or None."""
+        h = self.options.get("confidence_stop")
+        return None if h is None else float(h)
+
+    @property
+    def vllm_options(self) -> dict[str, Any]:
+        """``options`` less those sdlib acts on itself: what goes to vLLM's ``speculative_config``."""
+        return {k: v for k, v in self.options.items() if k not in SDLIB_OPTIONS}
+
     def engine_key(self) -> str:
-        """What the engine is built from (replay excluded): methods with one key share one engine."""
-        d = {"name": self.name, "k": self.k, "model": self.model, "options": self.options}
+        """What the engine is built from (replay and sdlib's own options excluded): methods with one key share
+        one engine."""
+        d = {"name": self.name, "k": self.k, "model": self.model, "options": self.vllm_options}
         return json.dumps(d, sort_keys=True, default=str)
+
+    @property
+    def shares_engine(self) -> bool:
+        """Runs on the engine named by its engine label, beside the other methods of that engine: a replay
+        (plans set per cell) or a confidence stop (threshold set per cell)."""
+        return bool(self.replay) or self.confidence_stop is not None
 
     @property
     def spec(self):
@@ -285,7 +322,7 @@ class MethodConfig:
             p = resolve(self.model)
             cfg["model"] = str(p) if p.exists() or self.model.startswith(("@", ".", "/")) else self.model
         cfg.update(dict(spec.defaults))  # e.g. the paper's n-gram look-up settings
-        cfg.update(self.options)
+        cfg.update(self.vllm_options)
         return cfg
 
 
@@ -422,7 +459,7 @@ class Cell:
     def group(self) -> tuple[str, str, int]:
         """Cells of one group share one engine start: (model name, engine name, start); methods that differ
         only in ``replay`` share their engine, an A/A twin shares its method's."""
-        name = self.engine_name or (self.method.engine_label if self.method.replay else self.method.label)
+        name = self.engine_name or (self.method.engine_label if self.method.shares_engine else self.method.label)
         return (self.model.name, name, self.start)
 
 
@@ -551,11 +588,11 @@ class SweepConfig:
         return results_base(None, self.results_dir) / self.name
 
     def engine_name(self, method: MethodConfig) -> str:
-        """The engine a method's cells run on: its engine label for a replay (replays of one engine share it),
-        else its label; an A/A twin runs on its method's."""
+        """The engine a method's cells run on: its engine label for a replay or a confidence stop (they share the
+        engine of their name, k, model and vLLM options), else its label; an A/A twin runs on its method's."""
         if method.aa_of is not None:
             method = next(m for m in self.methods if m.label == method.aa_of)
-        return method.engine_label if method.replay else method.label
+        return method.engine_label if method.shares_engine else method.label
 
     def cells(self) -> list[Cell]:
         """All cells in run order: per engine start, grouped by engine, baseline first (order ``abba``: see

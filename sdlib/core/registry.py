@@ -58,7 +58,8 @@ class MethodSpec:
     drafts with rejected ones. ``trained``: our trained drafter's folder under ``data/models``. ``defaults``:
     ``speculative_config`` entries sdlib sets unless a config's ``options`` do. ``drafts_k``: the drafter
     proposes k tokens at every verify step (False: a look-up that proposes what it matches; None: unknown, a
-    user's proposer, confirmed from vLLM's counters).
+    user's proposer, confirmed from vLLM's counters). ``sdlib_options``: ``options`` entries sdlib itself acts on
+    (:data:`SDLIB_OPTIONS`), never passed to vLLM's ``speculative_config``.
     """
 
     name: str
@@ -72,6 +73,7 @@ class MethodSpec:
     order: int = 99
     defaults: tuple = ()
     drafts_k: Optional[bool] = True
+    sdlib_options: tuple = ()
 
     @property
     def is_sd(self) -> bool:
@@ -109,10 +111,16 @@ _METHOD_LIST = (
     MethodSpec("eagle", "eagle", "EAGLE", model="head", trace="eagle3", path="padded", padded=True, trained="eagle",
                order=3),
     MethodSpec("eagle3", "eagle3", "EAGLE-3", model="eagle3_head", trace="eagle3", path="padded", padded=True,
-               trained="eagle3", order=4),
+               trained="eagle3", order=4, sdlib_options=("confidence_stop",)),
     MethodSpec("mtp", "mtp", "MTP", model="optional", order=5),
     MethodSpec("custom", "custom_class", "custom proposer", model="class", order=6, drafts_k=None),
 )
+#: Method options sdlib acts on itself (a method takes those its spec's ``sdlib_options`` list), with what they
+#: mean. ``confidence_stop``: SpecDec++'s stop threshold h on vLLM's own drafter (:mod:`sdlib.vllm.confidence_stop`).
+SDLIB_OPTIONS = {
+    "confidence_stop": "SpecDec++ threshold h, 0 < h <= 1: each row keeps drafts 1..j, j the first with "
+                       "1 - p_1...p_j > h (p: the head's top-1 probabilities; at least 1, at most k; 1 never stops)",
+}
 #: Every SD method by name, in plot order.
 METHODS: dict[str, MethodSpec] = {m.name: m for m in _METHOD_LIST}
 

@@ -72,6 +72,11 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
     always = cell.method.spec.drafts_k
     if always is None:  # a user's proposer: k every step only where vLLM's counters confirm it
         always = replay is not None or not k or _custom_drafted_k_every_step(result, counters, k, run_id)
+    # a confidence stop drafts 1..k tokens every verify step: how many comes from vLLM's per-step metrics
+    # (without them, ``drafted`` is unknown rather than k); no n-gram steps to recompute
+    cut = cell.method.confidence_stop is not None
+    if cut:
+        always = False
     req_rows, step_rows = [], []
     sched: dict[int, Any] = {}  # engine step -> tokens the target processed
     sources = set()
@@ -86,7 +91,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
             req_rows.append(_request_row(run_id, r, rows))
             continue
         detailed = r.detailed if detailed_requested else None
-        drafted_at = _ngram_drafted_at(cell, r) if (detailed is not None and not always) else None
+        drafted_at = _ngram_drafted_at(cell, r) if (detailed is not None and not always and not cut) else None
         try:
             try:
                 rows = steps_from_gains(r.gains, detailed, k=k, drafter_always_proposes=always,

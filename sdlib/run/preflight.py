@@ -203,8 +203,8 @@ def _check_engine_extra(sweep: SweepConfig) -> None:
 def _check_spec_options(field: str, me) -> None:
     """A method's ``options``: names and values the installed vLLM's SpeculativeConfig takes (no engine)."""
 
-    if me.options:
-        problem = check_options(me.options, speculative_fields(), "speculative option")
+    if me.vllm_options:  # those sdlib acts on itself (confidence_stop) are checked by the config
+        problem = check_options(me.vllm_options, speculative_fields(), "speculative option")
         if problem:
             raise ConfigError(f"{field}.options: {problem}")
     if me.name == "ngram":

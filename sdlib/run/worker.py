@@ -33,6 +33,7 @@ from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_file
 from sdlib.store import SweepStore, utc_now, write_json_atomic
 from sdlib.store.provenance import device_name
 from sdlib.vllm import compat as vc
+from sdlib.vllm import confidence_stop as cs
 from sdlib.vllm import replay as vr
 
 log = logging.getLogger("sdlib.run.worker")
@@ -86,11 +87,15 @@ def run_group(spec: dict[str, Any]) -> int:
     remote_timers = sweep.engine.phase_timers and model.tensor_parallel_size > 1
     if sweep.engine.phase_timers and not remote_timers:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # hooks must reach the model runner
-    if sweep.engine.pin_target or remote_timers:  # functions sent to the engine's workers
+    conf_stop = any(c.method.confidence_stop is not None for c in cells)
+    if sweep.engine.pin_target or remote_timers or conf_stop:  # functions sent to the engine's workers
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     t = time.perf_counter()
     llm = vc.make_llm(model, method, sweep.engine, max_batch=max_batch, seed=sweep.seed, detailed=detailed)
     engine_start_s = time.perf_counter() - t
+    conf_drafter = None
+    if conf_stop:  # before the phase timers, so the cut is timed inside the draft phase
+        conf_drafter = cs.install(llm)
     timers = None
     if sweep.engine.phase_timers:
         # deferred: sdlib.vllm.phase_hooks loads pandas, and only this path needs it
@@ -107,7 +112,8 @@ def run_group(spec: dict[str, Any]) -> int:
            "method": method.engine_label if method.replay else method.label,
            "in_process_engine": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
            "phase_timers": timers.describe() if timers is not None else None,
-           "pinned_target": sweep.engine.pin_target, "replay_runner": replay_kind}
+           "pinned_target": sweep.engine.pin_target, "replay_runner": replay_kind,
+           "confidence_stop_drafter": conf_drafter}
     if spec.get("env_out"):
         write_json_atomic(env, Path(spec["env_out"]))
     _SHM_SEEN.update(shm_files(group_pids(os.getpgid(0))))
@@ -155,6 +161,9 @@ def run_group(spec: dict[str, Any]) -> int:
                 vr.set_plans(llm, plans)
                 prompts = rr.keyed(prompts)
 
+            if conf_stop:
+                cs.set_threshold(llm, cell.method.confidence_stop)  # None: vLLM's fixed k, passed through
+
             def params(p, wl=wl):
                 mt = getattr(p, "max_output_tokens", None) or wl.max_output_tokens
                 return vc.delta_sampling_params(mt, wl.temperature, wl.seed, wl.ignore_eos)
@@ -175,6 +184,8 @@ def run_group(spec: dict[str, Any]) -> int:
                 timers.reset()
             if cell.method.replay:
                 vr.reset_timers(llm)
+            if conf_stop:
+                cs.reset(llm)
             before = vc.read_spec_counters(llm)
             n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
             with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
@@ -189,6 +200,8 @@ def run_group(spec: dict[str, Any]) -> int:
                 rr.raise_if_off_plan(check)  # a replay that drifted from its plan is a failure, not a number
                 store.write_json(f"replay/{cell.run_id}.json", check)
                 replay = {i: rr.drafted_per_step(p, K, padded) for i, p in by_index.items()}
+            if cell.method.confidence_stop is not None:
+                store.write_json(f"confidence_stop/{cell.run_id}.json", cs.stats(llm))
             tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
                                   detailed_requested=detailed, replay=replay)
             check_concurrency(cell, tables["runs"])  # a batch the engine capped below B is a failure

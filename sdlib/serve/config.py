@@ -255,6 +255,9 @@ class ServingConfig:
         for m in self.methods:
             if m.replay:
                 raise ValueError(f"methods.{m.label}.replay: trace replay is not served")
+            if m.confidence_stop is not None:
+                raise ValueError(f"methods.{m.label}.options.confidence_stop: the confidence stop is a hook the "
+                                 "sweep worker installs; not served")
         labels = {m.label for m in self.methods}
         tasks = {t.task for t in self.mix}
         for f in self.fleets:
