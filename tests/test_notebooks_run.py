@@ -147,11 +147,12 @@ def test_06_hook_control_and_graph_modes_are_the_sweeps(notebook_runs):
 
     ctl = notebook_runs.csv("06_trace_replay", "06_trace_replay__hook_control.csv")
     want = hook_control(["data/sweeps/h200_hookoff", "data/sweeps/h200_hookoff_piecewise",
-                         "data/sweeps/h200_v034_hookoff"])
+                         "data/sweeps/h200_v034_hookoff", "data/sweeps/h200_v034_hookoff_full"])
     key = ["sweep", "method_label", "batch_size"]
     m = ctl.merge(want, on=key, suffixes=("", "_want"))
-    assert len(m) == len(ctl) == len(want) == 36  # 0.26: 18 + 12 rows; 0.34: 2 hooked arms x 3 batch sizes
+    assert len(m) == len(ctl) == len(want) == 48  # 0.26: 18 + 12 rows; 0.34: (no SD + 2 hooked arms) x 3 bs x 2 modes
     assert set(ctl["vllm"]) == {"0.26.0", "0.34.0"}
+    assert set(ctl.loc[ctl.vllm == "0.34.0", "graph_mode"]) == {"FULL_AND_PIECEWISE", "FULL"}
     for col in ("step_ms", "step_ms_q25", "step_ms_q75"):
         assert np.allclose(m[col], m[f"{col}_want"], rtol=1e-9)
     gm = notebook_runs.csv("06_trace_replay", "06_trace_replay__graph_modes.csv")

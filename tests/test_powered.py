@@ -74,6 +74,10 @@ def test_drift_between_engine_starts_widens_the_interval_and_blocks_the_claim():
                          "d", 4, "orc", "k3", aa_ok=False, n_boot=400)["established"]  # the A/A check failed
     assert P.established(1.2, 1.3) and not P.established(0.95, 1.3) and P.established(0.7, 0.8)
     assert not P.established(1.2, 1.3, aa_ok=False)
+    # the convention: the interval must clear 1 by more than the block's A/A drift
+    assert P.established(1.06, 1.3, drift=0.05) and not P.established(1.04, 1.3, drift=0.05)
+    assert P.established(0.7, 0.94, drift=0.05) and not P.established(0.7, 0.96, drift=0.05)
+    assert not P.established(1.2, 1.3, drift=float("nan"))  # no A/A pair measured: no drift to clear
 
 
 def test_cells_are_the_clusters_and_few_of_them_give_t_intervals():

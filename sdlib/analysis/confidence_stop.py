@@ -2,8 +2,8 @@
 step, the acceptance rate and the tokens per step (bootstrap over prompts); per arm against a
 reference arm (fixed-k EAGLE-3 on the same engine) and against no SD, the paired ratios of decode rate and of
 verify steps per second (:func:`sdlib.analysis.powered.compare`: two-level bootstrap over cells and prompts,
-Student's t on the cells), each "established" only when its interval excludes 1 and the block's A/A interval
-contains 1.
+Student's t on the cells), each "established" only when the block's A/A interval contains 1 and its own
+interval excludes 1 by more than the block's A/A drift.
 
 Usage:
     from sdlib.analysis.confidence_stop import cut_tables
@@ -67,7 +67,7 @@ def cut_tables(sweep_dir: str | Path, reference: str = "eagle3-k5", baseline: st
     twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
     rows = []
     for (ds, bs), cell in u_tok.groupby(["dataset", "batch_size"]):
-        ok = powered._aa_ok(aa, ds, int(bs))
+        gate = powered.aa_gate(aa, ds, int(bs))
         for a in sorted(set(cell["method_label"]) - {baseline} - twins):
             for ref in (reference, baseline):
                 if a == ref or ref not in set(cell["method_label"]):
@@ -75,7 +75,7 @@ def cut_tables(sweep_dir: str | Path, reference: str = "eagle3-k5", baseline: st
                 for measure, u in (("tok_per_s", u_tok), ("steps_per_s", u_step)):
                     if measure == "steps_per_s" and ref == baseline:  # no verify steps without SD
                         continue
-                    rows.append({"measure": measure, **powered.compare(u, ds, int(bs), a, ref, ok, n_boot)})
+                    rows.append({"measure": measure, **powered.compare(u, ds, int(bs), a, ref, n_boot=n_boot, **gate)})
     return {"arms": arm_measures(runs, requests, steps, n_boot), "ratios": pd.DataFrame(rows), "aa": aa}
 
 

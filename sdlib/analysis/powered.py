@@ -18,8 +18,10 @@ a percentile interval over a handful of clusters is far too narrow.
 
 * The **A/A check** of a block (dataset, batch size): the twin over its arm, whose interval must contain 1
   (``contains_1``); ``drift`` is how far that interval reaches from 1, ``max(|lo - 1|, |hi - 1|)``.
-* A difference is **established** when its interval excludes 1 and the block's A/A interval contains 1 (the
-  intervals are then to be believed); otherwise it is "not established".
+* A difference is **established** when the block's A/A interval contains 1 (the intervals are then to be
+  believed) and its own interval excludes 1 by more than the block's A/A drift (``lo > 1 + drift`` or
+  ``hi < 1 - drift``: the convention's "excludes 1 by more than the A/A drift on the same engines"); otherwise it
+  is "not established". ``aa_drift`` in each comparison's row is the drift it was held to.
 * ``mde``: the minimum detectable effect of the block, ``exp((t_0.975 + t_0.8) * se(log A/A)) - 1`` on the same
   degrees of freedom: the smallest relative difference a paired comparison of this size detects with 80% power
   at the 5% level.
@@ -107,15 +109,16 @@ def ratio_replicates(u: pd.DataFrame, a: str, b: str, key: tuple, n_boot: int = 
 
 
 def compare(u: pd.DataFrame, dataset: str, batch_size: int, a: str, b: str, aa_ok: bool = True,
-            n_boot: int = bootstrap.N_BOOT) -> dict:
+            n_boot: int = bootstrap.N_BOOT, drift: float = 0.0) -> dict:
     """One paired comparison a / b at (dataset, batch size): ratio, interval, what it rests on, whether it
-    is established (``aa_ok``: the block's A/A check passed)."""
+    is established (``aa_ok``: the block's A/A check passed; ``drift``: the block's A/A drift, which the
+    interval must clear)."""
     cell = u[(u["dataset"] == dataset) & (u["batch_size"] == batch_size)]
     r, reps, p = ratio_replicates(cell, a, b, (dataset, int(batch_size)), n_boot)
     lo, hi = bootstrap.few_cluster_interval(r, reps, _n_cells(p))
     return {"dataset": dataset, "batch_size": int(batch_size), "arm": a, "reference": b, "ratio": r,
-            "ratio_lo": lo, "ratio_hi": hi, **support(p), "aa_ok": bool(aa_ok),
-            "established": bool(established(lo, hi, aa_ok))}
+            "ratio_lo": lo, "ratio_hi": hi, **support(p), "aa_ok": bool(aa_ok), "aa_drift": float(drift),
+            "established": bool(established(lo, hi, aa_ok, drift))}
 
 
 def _n_cells(p: pd.DataFrame) -> int:
@@ -132,9 +135,11 @@ def support(p: pd.DataFrame) -> dict:
             "output_tokens": int(p["output_tokens_a"].sum() + p["output_tokens_b"].sum())}
 
 
-def established(lo: float, hi: float, aa_ok: bool = True) -> bool:
-    """The interval excludes 1, and the block's A/A interval contains 1 (``aa_ok``)."""
-    return bool(aa_ok and np.isfinite(lo) and np.isfinite(hi) and (lo > 1 or hi < 1))
+def established(lo: float, hi: float, aa_ok: bool = True, drift: float = 0.0) -> bool:
+    """The block's A/A interval contains 1 (``aa_ok``) and the interval excludes 1 by more than the A/A
+    ``drift`` (NaN drift: not established)."""
+    return bool(aa_ok and np.isfinite(lo) and np.isfinite(hi) and np.isfinite(drift)
+                and (lo > 1 + drift or hi < 1 - drift))
 
 
 def aa_table(u: pd.DataFrame, arms: pd.DataFrame, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
@@ -176,6 +181,17 @@ def _aa_ok(aa: pd.DataFrame, ds: str, bs: int) -> bool:
     return bool(len(c) and c.all())
 
 
+def aa_drift(aa: pd.DataFrame, ds: str, bs: int) -> float:
+    """The block's A/A drift (the largest of its A/A pairs'); NaN without an A/A pair."""
+    d = aa[(aa["dataset"] == ds) & (aa["batch_size"] == bs)]["drift"]
+    return float(d.max()) if len(d) else float("nan")
+
+
+def aa_gate(aa: pd.DataFrame, ds: str, bs: int) -> dict:
+    """``compare``'s A/A arguments for a block: ``aa_ok`` and ``drift``."""
+    return {"aa_ok": _aa_ok(aa, ds, bs), "drift": aa_drift(aa, ds, bs)}
+
+
 def speedup_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, baseline: str = "none",
                   n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Every SD arm over the no-SD ``baseline`` at each (dataset, batch size), paired over prompts and starts."""
@@ -183,7 +199,7 @@ def speedup_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, baselin
     fam = dict(zip(arms["method_label"], arms["family"]))
     for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
         for a in sorted(set(cell["method_label"]) - {baseline}):
-            row = compare(u, ds, int(bs), a, baseline, _aa_ok(aa, ds, int(bs)), n_boot)
+            row = compare(u, ds, int(bs), a, baseline, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
             rows.append({**row, "family": fam.get(a)})
     return pd.DataFrame(rows)
 
@@ -203,7 +219,7 @@ def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedu
             continue
         best = fixed.loc[fixed["ratio"].idxmax(), "arm"]
         for a in sp.loc[~sp["family"].isin(["fixed", "none"]) & ~sp["arm"].isin(twins), "arm"]:
-            row = compare(u, ds, int(bs), a, best, _aa_ok(aa, ds, int(bs)), n_boot)
+            row = compare(u, ds, int(bs), a, best, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
             rows.append({**row, "family": fam.get(a), "best_fixed": best})
     return pd.DataFrame(rows)
 

@@ -36,11 +36,12 @@ FASTER, SLOWER, UNSURE = "faster", "slower", "not established"
 HOLDS, CHANGED = "holds", "changed"
 
 
-def verdict(lo: float, hi: float) -> str:
-    """``faster`` when the interval lies above 1, ``slower`` below, else ``not established``."""
-    if lo > 1:
+def verdict(lo: float, hi: float, drift: float = 0.0) -> str:
+    """``faster`` when the interval lies above 1 + ``drift`` (a powered block's A/A drift; 0 where there is
+    none), ``slower`` below 1 - ``drift``, else ``not established``."""
+    if lo > 1 + drift:
         return FASTER
-    if hi < 1:
+    if hi < 1 - drift:
         return SLOWER
     return UNSURE
 
@@ -117,19 +118,20 @@ def _comparison_key(df: pd.DataFrame, policies: dict[str, str]) -> pd.DataFrame:
 def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per (dataset, batch size, arm policy, reference policy) both powered sweeps compared: every arm over no
     SD and every headline comparison (over the best fixed k), each side's ratio with its interval, its A/A check
-    (``aa_ok``), its verdict and whether the finding holds. A side whose A/A check fails has its verdict set to
-    ``not established`` (its intervals are not to be believed)."""
+    (``aa_ok``) and drift (``aa_drift``: its verdict needs the interval to clear 1 by more), its verdict and whether
+    the finding holds. A side whose A/A check fails has its verdict set to ``not established`` (its intervals are
+    not to be believed)."""
     sides = []
     for d in (old_dir, new_dir):
         t = powered_tables(d, n_boot=n_boot)
         rows = pd.concat([t["speedups"].assign(kind="over no SD"), t["headline"].assign(kind="over best fixed")])
         sides.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())))
     keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
-    extra = ["arm", "reference", "aa_ok", "n_prompts", "n_starts", "n_cells"]
+    extra = ["arm", "reference", "aa_ok", "aa_drift", "n_prompts", "n_starts", "n_cells"]
     old, new = (s[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for s in sides)
     m = old.merge(new, on=keys, suffixes=("_old", "_new"))
     for side in ("old", "new"):
-        v = [verdict(a, b) for a, b in zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"])]
+        v = [verdict(a, b, d) for a, b, d in zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"], m[f"aa_drift_{side}"])]
         m[f"verdict_{side}"] = np.where(m[f"aa_ok_{side}"].astype(bool), v, UNSURE)
     m["finding"] = [compare_verdicts(a, b) for a, b in zip(m["verdict_old"], m["verdict_new"])]
     m.insert(0, "version_old", vllm_version(old_dir))
