@@ -44,3 +44,33 @@ def test_prefix_agreement_by_hand():
     # position 1: min(2, 2) = 2 agrees; position 4: min(5, 5) = 5, the cut arm accepted 4: disagrees; 3: unpaired
     p = prefix_agreement(runs, req, steps, reference="k5")
     assert p.to_dict("records") == [{"arm": "cut", "reference": "k5", "n_steps": 2, "agree": 0.5}]
+
+
+def test_notebook_07_confidence_stop_tables_are_the_recomputation():
+    """Notebook 07's CPU real-drafting section: its CSVs are cut_tables of the committed sweep, and what they
+    say holds: every cut arm verifies fewer drafts per step than fixed k = 5 (interval clear of k = 5), the
+    h = 1 control verifies exactly k, and no row is called established inside the A/A drift."""
+    import numpy as np
+    import pytest
+
+    from sdlib.analysis.confidence_stop import cut_tables
+    from sdlib.paths import FIGURES_DIR, REPO_ROOT
+
+    sweep = REPO_ROOT / "data" / "sweeps" / "embedded_confidence_stop"
+    f = FIGURES_DIR / "07_online_policy__confidence_stop_ratios.csv"
+    if not (sweep.exists() and f.exists()):
+        pytest.skip("no committed confidence-stop sweep or notebook 07 not run")
+    t = cut_tables(sweep)
+    got = pd.read_csv(f)
+    key = ["measure", "batch_size", "arm", "reference"]
+    m = got.merge(t["ratios"], on=key, suffixes=("", "_want"))
+    assert len(m) == len(got) == len(t["ratios"]) > 0
+    for col in ("ratio", "ratio_lo", "ratio_hi", "aa_drift"):
+        np.testing.assert_allclose(m[col], m[f"{col}_want"], rtol=1e-9)
+    assert (m["established"] == m["established_want"]).all()
+    est = got[got.established]
+    assert ((est.ratio_lo > 1 + est.aa_drift) | (est.ratio_hi < 1 - est.aa_drift)).all()
+    arms = pd.read_csv(FIGURES_DIR / "07_online_policy__confidence_stop_arms.csv")
+    cut = arms[arms.method_label.str.contains("-conf0")]
+    assert len(cut) and (cut.drafted_per_step_hi < 5).all()
+    assert (arms.loc[arms.method_label.str.endswith("-conf1"), "drafted_per_step"] == 5).all()

@@ -197,3 +197,43 @@ def plot_request_losses(rl: pd.DataFrame, cost_model: str, policies: Sequence[st
     fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(pols), 4), fontsize=7)
     fig.suptitle(title, fontsize=9, y=1.06)
     return fig
+
+
+def plot_confidence_stop(arms: pd.DataFrame, ratios: pd.DataFrame, reference: str, title: str):
+    """The confidence stop measured in vLLM (:func:`sdlib.analysis.confidence_stop.cut_tables`): per arm, the
+    drafts verified per step and the acceptance rate (95% bootstrap over prompts), then each arm's decode rate
+    over ``reference`` (fixed-k EAGLE-3 on the same engine), paired, per batch size, with the block's A/A drift
+    shaded around 1 (a difference inside it is not established)."""
+    fig, axes = new_figure(1, 3, width=4.4, height=3.6)
+    order = list(dict.fromkeys(arms.sort_values("drafted_per_step", ascending=False)["method_label"]))
+    order = [a for a in order if not a.endswith("-AA")]
+    bss = sorted(arms["batch_size"].unique())
+    first = arms[arms["batch_size"] == bss[0]].set_index("method_label").reindex(order)
+    y = np.arange(len(order))
+    for ax, col, name in ((axes[0][0], "drafted_per_step", "drafts verified per step"),
+                          (axes[0][1], "acceptance_rate", "acceptance rate (accepted / verified drafts)")):
+        err = np.vstack([first[col] - first[f"{col}_lo"], first[f"{col}_hi"] - first[col]])
+        ax.errorbar(first[col], y, xerr=err, fmt="o", capsize=3, color="C0")
+        ax.set_yticks(y, order if ax is axes[0][0] else [""] * len(order), fontsize=8)
+        ax.invert_yaxis()
+        ax.set(xlabel=name, title=f"{name}, bs {bss[0]}")
+    ax = axes[0][2]
+    r = ratios[(ratios["measure"] == "tok_per_s") & (ratios["reference"] == reference)]
+    w = 0.6 / max(len(bss), 1)
+    for i, bs in enumerate(bss):
+        d = r[r["batch_size"] == bs].set_index("arm").reindex([a for a in order if a != reference])
+        yy = np.arange(len(d)) + (i - (len(bss) - 1) / 2) * w
+        err = np.vstack([d["ratio"] - d["ratio_lo"], d["ratio_hi"] - d["ratio"]])
+        ax.errorbar(d["ratio"], yy, xerr=err, fmt="o", capsize=3, color=f"C{i}", label=f"bs {bs}")
+        drift = d["aa_drift"].dropna()
+        if len(drift):
+            ax.axvspan(1 - drift.iloc[0], 1 + drift.iloc[0], color=f"C{i}", alpha=0.08)
+    ax.axvline(1.0, ls=":", color="grey")
+    labels = [a for a in order if a != reference]
+    ax.set_yticks(np.arange(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"decode rate over {reference} (95% interval; band: A/A drift)", title="paired, same engine")
+    ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9, y=1.05)
+    fig.tight_layout()
+    return fig

@@ -19,7 +19,7 @@ import pandas as pd
 
 from sdlib.store.files import write_json_atomic, write_parquet_atomic
 from sdlib.store.schema import conform
-from sdlib.store.sweep_store import TABLE_ORDER, SweepStore
+from sdlib.store.sweep_store import CELL_JSON_DIRS, TABLE_ORDER, SweepStore
 
 
 def cell_coordinates(store: SweepStore) -> dict[str, tuple]:
@@ -42,7 +42,7 @@ def rekey(store: SweepStore, mapping: dict[str, str]) -> int:
             df = pd.read_parquet(src)
             df["run_id"] = new
             write_parquet_atomic(conform(table, df), store.dir / table / f"{new}.parquet")
-        for sub in ("failures", "replay"):
+        for sub in CELL_JSON_DIRS:
             src = store.dir / sub / f"{old}.json"
             if src.exists():
                 obj = json.loads(src.read_text())
@@ -53,7 +53,7 @@ def rekey(store: SweepStore, mapping: dict[str, str]) -> int:
             f = store.dir / table / f"{old}.parquet"
             if f.exists():
                 os.unlink(f)
-        for sub in ("failures", "replay"):
+        for sub in CELL_JSON_DIRS:
             f = store.dir / sub / f"{old}.json"
             if f.exists():
                 os.unlink(f)

@@ -42,6 +42,9 @@ from sdlib.store.schema import TABLES, columns, conform
 
 TABLE_ORDER = ("requests", "steps", "engine_steps", "step_phases", "runs")  # runs last = commit marker
 OPTIONAL_TABLES = ("step_phases",)  # written empty when a cell has none
+#: per-cell JSON records beside the tables (``<dir>/<run_id>.json``): a failure, the replay check, the confidence
+#: stop's hook counts; they go, move and count with their cell
+CELL_JSON_DIRS = ("failures", "replay", "confidence_stop")
 #: The key, in the commit marker's (``runs`` file's) footer, of ``{table: sha256 of its file}`` for the cell's
 #: other tables. Cells written before it existed have none: their files are checked by decoding them whole.
 CHECKSUM_KEY = "sdlib.sha256"
@@ -190,9 +193,9 @@ class SweepStore:
 
     # cells -----------------------------------------------------------------
     def cell_files(self, run_id: str) -> list[Path]:
-        """Every file of one cell: its table files, failure record and replay check."""
+        """Every file of one cell: its table files and its records of :data:`CELL_JSON_DIRS`."""
         out = [self.dir / t / f"{run_id}.parquet" for t in TABLE_ORDER]
-        out += [self.dir / "failures" / f"{run_id}.json", self.dir / "replay" / f"{run_id}.json"]
+        out += [self.dir / sub / f"{run_id}.json" for sub in CELL_JSON_DIRS]
         return [f for f in out if f.exists()]
 
     def damage(self, run_id: str) -> Optional[str]:
@@ -218,7 +221,7 @@ class SweepStore:
     def all_ids(self) -> set[str]:
         """Every cell with any file here (done, corrupt or failed)."""
         ids = set()
-        for sub in (*TABLE_ORDER, "failures", "replay"):
+        for sub in (*TABLE_ORDER, *CELL_JSON_DIRS):
             d = self.dir / sub
             if d.is_dir():  # a run id may hold dots (llama-3.1-8b): strip the suffix, not at the first dot
                 ids |= {p.name[: -len(p.suffix)] for p in d.iterdir()
