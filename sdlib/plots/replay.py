@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.plots.bounds import REFERENCE_STACK, plot_bounds_stack
-from sdlib.plots.style import new_figure
+from sdlib.plots.style import log_axis_plain, new_figure
 
 #: colours per policy family
 FAMILY_COLORS = {"fixed": "C0", "oracle": "C1", "combine": "C2"}
@@ -282,8 +282,6 @@ def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFr
     engine profiled at start-up (ms by tokens verified in a step; dotted: its CUDA-graph token limit) with the
     A/B's untrimmed and drafted-only token counts marked; middle, every timed call's step per arm (bar: mean);
     right, the step-time ratios with their 95% intervals (call-to-call only: one engine start per arm)."""
-    from sdlib.plots.style import log_axis_plain
-
     fig, axes = new_figure(1, 3, width=4.6, height=3.6)
     ax = axes[0][0]
     v = table[table["what"] == "verify"]
