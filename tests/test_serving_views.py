@@ -34,12 +34,11 @@ RUNS = {
 
 
 def _parameters(run: str) -> dict:
-    import yaml
+    """The notebook's defaults updated with what the run passes (sdlib.plots.notebooks.run_parameters)."""
+    from sdlib.plots.notebooks import NotebookRun, run_parameters
 
-    p = _defaults()
-    if RUNS[run][0]:
-        p.update(yaml.safe_load((CONFIGS_DIR / RUNS[run][0]).read_text()))
-    return p
+    file = RUNS[run][0]
+    return {**_defaults(), **run_parameters(NotebookRun("08_serving", f"configs/{file}" if file else None))}
 
 
 @pytest.fixture(scope="module", params=sorted(RUNS))

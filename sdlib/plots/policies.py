@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.plots.style import new_figure
+from sdlib.plots.style import interval_bars, new_figure
 
 DRAFTER_COLORS = {"ngram": "C1", "eagle3": "C0", "none": "0.6"}
 #: ``policy`` of the rows of :func:`sdlib.sim.policy.views.choices` that hold the traces at every position.
@@ -186,8 +186,7 @@ def plot_request_losses(rl: pd.DataFrame, cost_model: str, policies: Sequence[st
         for i, pol in enumerate(pols):
             g = d[(d.dataset == name) & (d.policy == pol)].set_index("batch_size").reindex(bss)
             x = np.arange(len(bss)) + (i - (len(pols) - 1) / 2) * w
-            err = (np.vstack([g["share_lost"] - g["share_lost_lo"], g["share_lost_hi"] - g["share_lost"]])
-                   if "share_lost_lo" in g else None)
+            err = interval_bars(g, "share_lost", "share_lost_lo", "share_lost_hi") if "share_lost_lo" in g else None
             ax.errorbar(x, g["share_lost"], yerr=err, fmt="o", capsize=2, color=f"C{i}",
                         label=pol if name == ds[0] else None)
         ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
@@ -212,7 +211,7 @@ def plot_confidence_stop(arms: pd.DataFrame, ratios: pd.DataFrame, reference: st
     y = np.arange(len(order))
     for ax, col, name in ((axes[0][0], "drafted_per_step", "drafts verified per step"),
                           (axes[0][1], "acceptance_rate", "acceptance rate (accepted / verified drafts)")):
-        err = np.vstack([first[col] - first[f"{col}_lo"], first[f"{col}_hi"] - first[col]])
+        err = interval_bars(first, col, f"{col}_lo", f"{col}_hi")
         ax.errorbar(first[col], y, xerr=err, fmt="o", capsize=3, color="C0")
         ax.set_yticks(y, order if ax is axes[0][0] else [""] * len(order), fontsize=8)
         ax.invert_yaxis()
@@ -223,7 +222,7 @@ def plot_confidence_stop(arms: pd.DataFrame, ratios: pd.DataFrame, reference: st
     for i, bs in enumerate(bss):
         d = r[r["batch_size"] == bs].set_index("arm").reindex([a for a in order if a != reference])
         yy = np.arange(len(d)) + (i - (len(bss) - 1) / 2) * w
-        err = np.vstack([d["ratio"] - d["ratio_lo"], d["ratio_hi"] - d["ratio"]])
+        err = interval_bars(d, "ratio", "ratio_lo", "ratio_hi")
         ax.errorbar(d["ratio"], yy, xerr=err, fmt="o", capsize=3, color=f"C{i}", label=f"bs {bs}")
         drift = d["aa_drift"].dropna()
         if len(drift):

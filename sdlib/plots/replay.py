@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sdlib.plots.bounds import REFERENCE_STACK, plot_bounds_stack
-from sdlib.plots.style import log_axis_plain, new_figure
+from sdlib.plots.style import interval_bars, log_axis_plain, new_figure
 
 #: colours per policy family
 FAMILY_COLORS = {"fixed": "C0", "oracle": "C1", "combine": "C2"}
@@ -24,10 +24,6 @@ FAMILY_COLORS = {"fixed": "C0", "oracle": "C1", "combine": "C2"}
 CALIBRATION_OR_FIXED = ("fixed", "accept_all", "accept_none", "propose_nothing")
 #: marker per engine path
 PATH_MARKERS = {"eagle3": "o", "ngram": "s", "draft_model": "^", "eagle": "v"}
-
-
-def _err(d: pd.DataFrame, col: str, lo: str, hi: str) -> np.ndarray:
-    return np.vstack([(d[col] - d[lo]).clip(lower=0), (d[hi] - d[col]).clip(lower=0)]).astype(float)
 
 
 def plot_calibration(cal: pd.DataFrame, title: str, tolerance: float = 0.03):
@@ -42,7 +38,7 @@ def plot_calibration(cal: pd.DataFrame, title: str, tolerance: float = 0.03):
         d = cal[cal["kind"] == kind].set_index("batch_size").reindex(bss)
         x = np.arange(len(bss)) + (i - (len(kinds) - 1) / 2) * w
         L = int(d["synthetic_L"].dropna().iloc[0])
-        ax.errorbar(x, d["ratio"], yerr=_err(d, "ratio", "ratio_lo", "ratio_hi"), fmt="o", capsize=3,
+        ax.errorbar(x, d["ratio"], yerr=interval_bars(d, "ratio", "ratio_lo", "ratio_hi"), fmt="o", capsize=3,
                     label=f"replay {kind.replace('_', ' ')} / synthetic L={L}")
     ax.axhspan(1 - tolerance, 1 + tolerance, color="grey", alpha=0.15, label=f"±{100 * tolerance:.0f}%")
     ax.axhline(1, color="grey", lw=0.8)
@@ -84,7 +80,7 @@ def plot_sim_vs_measured(cmp_: pd.DataFrame, predictors: Sequence[str], title: s
     for ax, pred in zip(axes[0], predictors):
         d = cmp_[cmp_["predictor"] == pred]
         for (fam, path), g in d.groupby(["replay", "method"]):
-            ax.errorbar(g["speedup"], g["speedup_sim"], xerr=_err(g, "speedup", "speedup_lo", "speedup_hi"),
+            ax.errorbar(g["speedup"], g["speedup_sim"], xerr=interval_bars(g, "speedup", "speedup_lo", "speedup_hi"),
                         fmt=PATH_MARKERS.get(path, "o"), color=FAMILY_COLORS.get(fam, "k"), ms=4, alpha=0.8,
                         elinewidth=0.6, label=f"{path} {fam}")
         ax.plot([0, hi], [0, hi], color="grey", lw=0.8)
@@ -107,7 +103,7 @@ def plot_stacks(measured: pd.DataFrame, simulated: pd.DataFrame, datasets: Seque
     for ax, bs in zip(fm.axes, batch_sizes):
         s = measured[measured["batch_size"] == bs].set_index("dataset").reindex(list(datasets))
         top = s["combine_oracle"]
-        ax.errorbar(np.arange(len(datasets)), top, yerr=_err(s, "combine_oracle", "combine_oracle_lo",
+        ax.errorbar(np.arange(len(datasets)), top, yerr=interval_bars(s, "combine_oracle", "combine_oracle_lo",
                                                              "combine_oracle_hi"), fmt="none", color="k", capsize=3)
     fs = plot_bounds_stack(simulated, datasets, batch_sizes, title_simulated, style)
     return fm, fs
@@ -183,7 +179,7 @@ def plot_hook_control(ctl: pd.DataFrame, title: str):
                 continue
             x = np.arange(len(bss)) + (i - (len(labels) - 1) / 2) * w
             hooked = bool(d["hooks"].dropna().iloc[0])
-            h = ax.errorbar(x, d["step_ms"], yerr=_err(d, "step_ms", "step_ms_q25", "step_ms_q75"), fmt="o",
+            h = ax.errorbar(x, d["step_ms"], yerr=interval_bars(d, "step_ms", "step_ms_q25", "step_ms_q75"), fmt="o",
                             capsize=2, color=f"C{i}", mfc=f"C{i}" if hooked else "white")
             handles.setdefault(lab + (" (hooks)" if hooked else ""), h)
         ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
@@ -216,11 +212,11 @@ def plot_graph_modes(cmp_: pd.DataFrame, title: str, datasets: Optional[Sequence
                     continue
                 x = np.arange(len(bss)) + ((i * len(modes) + m) - (len(labels) * len(modes) - 1) / 2) * w
                 face = f"C{i}" if m == len(modes) - 1 else "white"
-                h = top.errorbar(x, g["speedup"], yerr=_err(g, "speedup", "speedup_lo", "speedup_hi"), fmt="o",
+                h = top.errorbar(x, g["speedup"], yerr=interval_bars(g, "speedup", "speedup_lo", "speedup_hi"), fmt="o",
                                  capsize=2, color=f"C{i}", mfc=face)
                 handles.setdefault(f"{lab}, {mode}", h)
                 if set(g["replay"].dropna()) - set(CALIBRATION_OR_FIXED):
-                    bot.errorbar(x, g["vs_best_fixed"], yerr=_err(g, "vs_best_fixed", "vs_best_fixed_lo",
+                    bot.errorbar(x, g["vs_best_fixed"], yerr=interval_bars(g, "vs_best_fixed", "vs_best_fixed_lo",
                                                                   "vs_best_fixed_hi"),
                                  fmt="o", capsize=2, color=f"C{i}", mfc=face)
         top.axhline(1, color="grey", lw=0.8)
@@ -313,7 +309,7 @@ def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFr
     ax = axes[0][2]
     lab = [f"{r.arm} / {r.reference}" + (f" (bs {r.bs})" if len(bs) > 1 else "") for r in ratios.itertuples()]
     y = np.arange(len(ratios))
-    ax.errorbar(ratios["ratio"], y, xerr=_err(ratios, "ratio", "ratio_lo", "ratio_hi"), fmt="o", capsize=3, color="black")
+    ax.errorbar(ratios["ratio"], y, xerr=interval_bars(ratios, "ratio", "ratio_lo", "ratio_hi"), fmt="o", capsize=3, color="black")
     ax.axvline(1.0, ls=":", color="grey")
     ax.set_yticks(y, lab, fontsize=8)
     ax.invert_yaxis()

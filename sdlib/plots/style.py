@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg") if matplotlib.get_backend().lower() in {"", "agg"} else None
 import matplotlib.pyplot as plt  # noqa: E402
@@ -58,6 +59,12 @@ def set_style() -> None:
     sns.set_theme(context=STYLE["context"], style=STYLE["style"], font_scale=STYLE["font_scale"])
     plt.rcParams["svg.hashsalt"] = "sdlib"  # reproducible SVG ids
     plt.rcParams["svg.fonttype"] = "none"
+
+
+def interval_bars(d, col: str, lo: str, hi: str):
+    """Asymmetric error bars (2 x n array) of ``d[col]`` from its interval columns ``lo`` and ``hi`` (negative
+    lengths, from rounding, clipped to 0; NaN stays NaN: no bar)."""
+    return np.vstack([(d[col] - d[lo]).clip(lower=0), (d[hi] - d[col]).clip(lower=0)]).astype(float)
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.0, height: float = 4.0, **kw):

@@ -109,7 +109,7 @@ def run_group(spec: dict[str, Any]) -> int:
     if any(c.method.replay for c in cells):
         replay_kind = vr.install(llm, method.num_spec_tokens)
     env = {**_environment(llm), "engine_start_s": engine_start_s, "model": model.name,
-           "method": method.engine_label if method.replay else method.label,
+           "method": method.engine_label if method.shares_engine else method.label,
            "in_process_engine": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
            "phase_timers": timers.describe() if timers is not None else None,
            "pinned_target": sweep.engine.pin_target, "replay_runner": replay_kind,
