@@ -184,7 +184,10 @@ def test_a_killed_node_fails_its_cells_the_rest_complete_and_resume_redoes_them(
         # takes our processes too; here they live on and must end themselves)
         os.kill(task_pid, signal.SIGKILL)
         c.remove_node(node, allow_graceful=False)
-        os.kill(found["pid"], signal.SIGCONT)  # the stopped worker now gets its parent-death SIGTERM
+        # resumed only once its parent is gone (the kernel has re-parented it: its parent-death SIGTERM is
+        # pending), so what it does next is what an orphan does: no cell written, its group ended
+        wait_for(lambda: _ppid(found["pid"]) != task_pid, 60, "the killed task's worker re-parented", every=0.1)
+        os.kill(found["pid"], signal.SIGCONT)
         text, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:

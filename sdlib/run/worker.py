@@ -3,7 +3,9 @@
 Started by :mod:`sdlib.run.sweep` as ``python -m sdlib worker <spec.json>`` so that
 memory is released and a crash is contained. Each finished cell is written at
 once (atomically); a failing cell is recorded and the next one runs; if the
-engine itself dies, the remaining cells are recorded as failed.
+engine itself dies, the remaining cells are recorded as failed. A worker whose supervisor is gone (or that
+is stopping) starts and writes no further cell: the sweep that held the folder has recorded them as failed,
+and a resume may hold it by then.
 
 Spec JSON: ``{"sweep": <SweepConfig dict>, "run_ids": [...], "env_out": <path>}``.
 """
@@ -127,6 +129,8 @@ def run_group(spec: dict[str, Any]) -> int:
     dead = None
     bar = tqdm(cells, desc=f"{model.name} / {method.label}", unit="cell", file=sys.stderr)
     for cell in bar:
+        if _STOPPING.is_set() or not supervisor_alive():  # as before a write (below): no cell starts either
+            return 5
         if dead is not None:
             store.write_failure(cell.run_id, _fail_info(cell, f"engine died earlier in this process: {dead}"))
             continue
@@ -206,6 +210,10 @@ def run_group(spec: dict[str, Any]) -> int:
                                   detailed_requested=detailed, replay=replay)
             check_concurrency(cell, tables["runs"])  # a batch the engine capped below B is a failure
             tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
+            if _STOPPING.is_set() or not supervisor_alive():
+                # stopping, or orphaned: the sweep that holds the folder has recorded this cell as failed (or
+                # gone, and a resume may hold the folder now); a cell written after that would mix in
+                return 5
             store.write_cell(cell.run_id, tables)
         except Exception as err:  # noqa: BLE001 - record and go on
             if not supervisor_alive():  # orphaned: a failure now would be ours, not the cell's
