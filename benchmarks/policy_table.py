@@ -1,6 +1,6 @@
 """Speed of the whole policy table: four reference datasets, every policy and baseline, four batch sizes, two
 cost models (the authors' H100 fit and our H200 fit), with the committed predictor; then the policies that
-need draft confidences (``online-with-confidence``, ``vllm-adaptive-verification``) beside EAGLE-3's fixed k and
+need draft confidences (``online-with-confidence``, ``online-with-agreement``, ``vllm-adaptive-verification``) beside EAGLE-3's fixed k and
 Oracle Proposal on the embedded traces, which have them (the reference traces do not). Prints the time of each
 stage and the total; not a test (issue #13 asks for under 30 s on a 2-core CPU). The suffix arrays of Arctic's
 rule are cached in .cache/sim/ after the first run (``--cold`` recomputes them and reports that time apart).
@@ -80,6 +80,7 @@ def main() -> int:
 
 #: The policies that need the requests' draft confidences, and what they are compared with.
 CONFIDENCE_POLICIES = ["fixed-eagle3-k3", "fixed-eagle3-k5", "fixed-eagle3-k8", "oracle-eagle3", "online-with-confidence",
+                       "online-with-agreement",
                        "vllm-adaptive-verification"]
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from sdlib.plots.notebooks import RUNS
-from tests.conftest import run_input_cells
+from tests.conftest import notebook_parameters, run_input_cells
 
 EMB = "data/sweeps/embedded_default"
 
@@ -255,6 +255,34 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
     assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
 
 
+def test_07_agreement_table_and_decomposition(notebook_runs):
+    """The agreement classes' table is class_table of the committed traces (counts exact); the decomposition
+    has one block per decomposed policy, each the select gap table's shares."""
+    import ast
+
+    from sdlib.paths import resolve
+    from sdlib.sim.policy.agreement import class_table
+    from sdlib.sim.policy.walk import PolicyInputs
+    from sdlib.sim.prepared import prepare_traces, truncate_traces
+    from sdlib.sim.traces import load_traces
+
+    tab = notebook_runs.csv("07_online_policy", "07_online_policy__agreement_classes.csv")
+    traces = ast.literal_eval(notebook_parameters("07_online_policy")["OUR_TRACES"]["default"])
+    tr, k = load_traces(str(resolve(traces)))
+    want = class_table(PolicyInputs.of(truncate_traces(prepare_traces(tr, keep_tokens=True), None), k))
+    key = ["dataset", "agreement", "depth"]
+    pd.testing.assert_frame_equal(tab.sort_values(key).reset_index(drop=True)[key + ["seen", "accepted"]],
+                                  want.sort_values(key).reset_index(drop=True)[key + ["seen", "accepted"]], check_dtype=False)
+    assert ((tab.rate_lo <= tab.rate) & (tab.rate <= tab.rate_hi)).all()
+    dec = notebook_runs.csv("07_online_policy", "07_online_policy__select_decomposition.csv")
+    gaps = notebook_runs.csv("07_online_policy", "07_online_policy__select_gaps.csv").set_index(
+        ["cost_model", "dataset", "batch_size", "policy"])["gap_share"]
+    assert set(dec.policy) == {"online-with-confidence", "online-with-agreement"}
+    for r in dec.itertuples():
+        assert r.share_online == pytest.approx(gaps[(r.cost_model, r.dataset, r.batch_size, r.policy)], abs=1e-9)
+        assert r.share_length == pytest.approx(gaps[(r.cost_model, r.dataset, r.batch_size, "online-confidence")], abs=1e-9)
+
+
 def test_07_head_to_head_and_request_losses_are_the_tables(notebook_runs):
     """Each head-to-head row's two speedups are the policies' speedups in the confidence section's table (same
     cell), its ratio is theirs, its interval holds it and its verdict follows the interval; each request-loss
@@ -262,7 +290,8 @@ def test_07_head_to_head_and_request_losses_are_the_tables(notebook_runs):
     h2h = notebook_runs.csv("07_online_policy", "07_online_policy__head_to_head.csv")
     table = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_table.csv")
     sp = table.set_index(["cost_model", "dataset", "batch_size", "policy"])["speedup"]
-    assert len(h2h) == 2 * len(table[["cost_model", "dataset", "batch_size"]].drop_duplicates())
+    assert len(h2h) == len(h2h[["a", "b"]].drop_duplicates()) * len(table[["cost_model", "dataset", "batch_size"]].drop_duplicates())
+    assert {("online-with-agreement", "online-with-confidence")} <= set(zip(h2h.a, h2h.b))
     for r in h2h.itertuples():
         assert r.speedup_a == pytest.approx(sp[(r.cost_model, r.dataset, r.batch_size, r.a)], rel=1e-9)
         assert r.speedup_b == pytest.approx(sp[(r.cost_model, r.dataset, r.batch_size, r.b)], rel=1e-9)

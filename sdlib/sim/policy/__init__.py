@@ -13,6 +13,7 @@ Modules, in the order data flows:
     online        the project's online policy (expected tokens per unit time under a cost model)
     training      cross-fitting the predictor (two folds by request hash), save / load
     confidence    EAGLE-3's length stopped token by token on the head's own confidence (needs confidences)
+    agreement     the same, with the n-gram's hazards read off its earlier continuations' agreement
     baselines     published adaptive rules (n-gram/EAGLE switch, SGLang, DynamicSD, SpecDecode-Bench ...)
     arctic        Arctic Inference's suffix-decoding rule
     vllm_adaptive vLLM 0.34's adaptive verification (online acceptance estimator, batch verification budget)
@@ -24,4 +25,4 @@ Modules, in the order data flows:
 They read the simulator (:mod:`sdlib.sim.oracle`, :mod:`sdlib.sim.costmodel`, :mod:`sdlib.sim.engine_costs`).
 """
 
-from sdlib.sim.policy import static, select, online, confidence, baselines, arctic, vllm_adaptive, stopping  # noqa: F401  (registers the policies)
+from sdlib.sim.policy import static, select, online, confidence, agreement, baselines, arctic, vllm_adaptive, stopping  # noqa: F401  (registers the policies)

@@ -12,6 +12,10 @@ min 3, max 7) finds the longest suffix n-gram that occurred earlier. Beside how 
   token right, and the share of matched positions among the last :data:`RECENT` (all) before ``p`` whose
   proposal did (checked against tokens already produced: an engine can keep this count as it goes).
 
+Kept apart from the predictor's columns (its committed fits hash them), :func:`continuation_agreement` gives
+per position how far the continuations after the matched n-gram's first and latest earlier occurrences agree
+(``-1``: no match, or the n-gram occurred once), which :mod:`sdlib.sim.policy.agreement` reads.
+
 All are functions of the tokens before ``p`` only. :data:`STATIC_FEATURES` stacks them (with the output
 position) into one matrix, in the predictor's column order. :func:`add_features` stores them as flat arrays on a
 :class:`~sdlib.sim.policy.walk.PolicyInputs` (``inp.extra``).
@@ -60,6 +64,47 @@ def ngram_match_features(prompt: Sequence[int], output: Sequence[int], nmin: int
         count[idx] = r[hit]
         found[idx] = True
     return match_n, count
+
+
+def continuation_agreement(prompt: Sequence[int], output: Sequence[int], nmin: int = NGRAM_MIN,
+                           nmax: int = NGRAM_MAX, cap: int = 20) -> np.ndarray:
+    """Per output position ``p``: over how many tokens (at most ``cap``) the continuation after the look-up's
+    match (the longest suffix n-gram of prompt + output[:p] that occurred earlier, at its *first* occurrence:
+    what vLLM proposes) equals the continuation after that n-gram's *latest* earlier occurrence, both read
+    inside the context; ``-1`` where nothing matches or the n-gram occurred only once before (nothing to agree
+    with). Two earlier copies of the same text that go on alike are a repeat the target is likely to follow;
+    where they part, so may it."""
+    ctx, passes = suffix_ngram_passes(prompt, output, nmin, nmax)
+    tok = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
+    out = np.full(len(output), -1, dtype=np.int64)
+    found = np.zeros(len(output), dtype=bool)
+    for n, h, s in passes:
+        order = np.argsort(h, kind="stable")  # occurrences of one n-gram in index order
+        hs = h[order]
+        same = np.r_[False, hs[1:] == hs[:-1]]
+        prev = np.full(h.size, -1, dtype=np.int64)
+        prev[order[same]] = order[np.flatnonzero(same) - 1]  # the latest earlier occurrence of each window
+        _, first_idx, inv = np.unique(h, return_index=True, return_inverse=True)
+        first = first_idx[inv.ravel()]
+        cand = np.flatnonzero((s >= 0) & ~found)
+        f = first[s[cand]]
+        hit = f < s[cand]
+        idx, f = cand[hit], f[hit]
+        found[idx] = True
+        last = prev[s[idx]]
+        two = last > f  # a second, later occurrence before the suffix
+        idx, f, last = idx[two], f[two], last[two]
+        agree = np.zeros(idx.size, dtype=np.int64)
+        going = np.ones(idx.size, dtype=bool)
+        for k in range(cap):  # the later copy's continuation ends first (at the context's end)
+            ok = going & (last + n + k < ctx[idx])
+            ok[ok] = tok[f[ok] + n + k] == tok[last[ok] + n + k]
+            agree += ok
+            going = ok
+            if not going.any():
+                break
+        out[idx] = agree
+    return out
 
 
 def share_so_far(hit: np.ndarray, over: np.ndarray, recent: int = RECENT) -> tuple[np.ndarray, np.ndarray]:

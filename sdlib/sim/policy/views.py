@@ -35,9 +35,13 @@ def gap_wide(gaps: pd.DataFrame, policies: Sequence[str]) -> pd.DataFrame:
     return w.reset_index()
 
 
-def decomposition(gaps: pd.DataFrame, full: str = "online", length_only: str = "online-eagle3") -> pd.DataFrame:
+def decomposition(gaps: pd.DataFrame, full: str | Sequence[str] = "online",
+                  length_only: str = "online-eagle3") -> pd.DataFrame:
     """Per cell: the share ``full`` closes, the part choosing the length alone closes (``length_only``: one
-    drafter, lengths chosen per step), and the rest, which choosing the drafter adds."""
+    drafter, lengths chosen per step), and the rest, which choosing the drafter adds. Several ``full`` policies:
+    one block each, named in a ``policy`` column."""
+    if not isinstance(full, str):
+        return pd.concat([decomposition(gaps, f, length_only).assign(policy=f) for f in full], ignore_index=True)
     a = gaps[gaps.policy == full].set_index(KEYS)["gap_share"]
     b = gaps[gaps.policy == length_only].set_index(KEYS)["gap_share"]
     out = pd.DataFrame({"share_online": a, "share_length": b, "share_drafter": a - b})
