@@ -79,10 +79,13 @@ confidences: setup
 costmodels: setup
 	$(PY) -m sdlib.sim.costfit --committed
 
-# the online policy's acceptance predictor, cross-fitted on the authors' traces (notebook 07 reads it)
+# the online policy's acceptance predictor, cross-fitted on the authors' traces (notebook 07 reads it), and on
+# our large traces (the H200 replay of the policies on them decides with it: workloads.*.predictor)
 predictor: setup
 	$(PY) -m sdlib simulate --traces reference --policies online --batch-sizes 1 --fit-predictor \
 	  --save-predictor data/predictors/online_reference.json --out build/predictor_fit.csv
+	$(PY) -m sdlib simulate --traces "data/traces/ours64_*.jsonl.gz" --policies online --batch-sizes 1 \
+	  --fit-predictor --save-predictor data/predictors/online_ours64.json --out build/predictor_fit_ours64.csv
 
 # every notebook run that writes figures/ (sdlib/plots/notebooks.py: each notebook with its defaults, and
 # notebooks 01-02 with configs/gpu_sweeps.papermill.yaml); executed copies in build/notebooks

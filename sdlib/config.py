@@ -147,7 +147,8 @@ def model_fingerprint(path: Optional[str]) -> Optional[str]:
 #: Fields added after sweeps were committed: left out of a cell's key while they hold their default, so
 #: the run ids of existing results do not change.
 _ADDED_FIELDS: dict[str, Any] = {"replay": None, "datasets": None, "batch_sizes": None, "full_traces": False,
-                                  "pin_target": False, "name": None, "aa_of": None}
+                                  "pin_target": False, "name": None, "aa_of": None, "confidences": None,
+                                  "predictor": None}
 
 
 #: Workload fields that select cells rather than describe them: never part of a cell's key.
@@ -350,6 +351,11 @@ class WorkloadConfig:
     # the batch sizes this workload runs at (default: the sweep's). A selection, not a property of its cells: it
     # never enters a cell's key, so widening it later adds cells and keeps the ids of those already run
     batch_sizes: Optional[list[StrictInt]] = None
+    # trace sources: what a replayed policy decides from besides the traces (sdlib.sim.replay.replay_inputs): the
+    # draft confidences along the trace file (sdlib confidences), and the online policies' cross-fitted predictor
+    # (sdlib simulate --save-predictor; default: the reference traces' committed one)
+    confidences: Optional[str] = None
+    predictor: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self) -> "WorkloadConfig":
@@ -359,6 +365,10 @@ class WorkloadConfig:
             raise ValueError("source 'traces' needs 'path' (a trace file written by sdlib traces)")
         if self.full_traces and self.source not in ("reference", "traces"):
             raise ValueError("full_traces needs source 'reference' or 'traces'")
+        if self.confidences and self.source != "traces":
+            raise ValueError("confidences needs source 'traces' (the draft confidences along that trace file)")
+        if self.predictor and self.source not in ("reference", "traces"):
+            raise ValueError("predictor needs source 'reference' or 'traces' (it decides replayed online policies)")
         if self.dataset == "custom":
             if not self.name:
                 raise ValueError("dataset 'custom' needs 'name' (what tables and figures call it)")
@@ -436,8 +446,9 @@ class Cell:
         engine.pop("startup_timeout_s", None)
         key["engine"] = {k: v for k, v in engine.items() if not (k in _ADDED_FIELDS and v == _ADDED_FIELDS[k])}
         key["seed"] = self.seed
-        if self.method.replay and sim_replay.needs_engine_files(self.method.replay):  # plans decided by committed files
-            key["replay_inputs"] = {f: _file_fingerprint(str(resolve(f))) for f in sim_replay.online_inputs()}
+        inputs = sim_replay.replay_inputs(self.method.replay, self.workload) if self.method.replay else []
+        if inputs:  # plans decided by committed files
+            key["replay_inputs"] = {f: _file_fingerprint(str(resolve(f))) for f in inputs}
         return key
 
     @property
@@ -579,6 +590,11 @@ class SweepConfig:
                 if w.source not in ("reference", "traces") or not w.full_traces:
                     raise ValueError(f"workloads.{w.label}: trace replay needs source reference or traces "
                                      "with full_traces: true")
+                for m in self.methods:
+                    if m.replay and sim_replay.needs_confidences(m.replay) and not w.confidences:
+                        raise ValueError(f"workloads.{w.label}: methods.{m.label} replays {m.replay!r}, which decides "
+                                         "from draft confidences: give the workload 'confidences' (the file sdlib "
+                                         "confidences wrote along its trace file)")
         return self
 
     @property
@@ -776,7 +792,8 @@ def _inside_config_dir(value: Any, base: Path, always_path: bool = False) -> Any
 
 def _paths_from(data: dict[str, Any], base: Path) -> dict[str, Any]:
     data = dict(data)
-    for key, fields in (("models", ("path", "tokenizer")), ("methods", ("model",)), ("workloads", ("path",))):
+    for key, fields in (("models", ("path", "tokenizer")), ("methods", ("model",)),
+                        ("workloads", ("path", "confidences", "predictor"))):
         if isinstance(data.get(key), list):
             data[key] = [{**d, **{f: _inside_config_dir(d[f], base, always_path=key == "workloads")
                                   for f in fields if f in d}}

@@ -38,7 +38,7 @@ def _spec(name):
 
 # every replayable spec and drafter-of-its-own label (the k-below-K labels: tests/test_replay.py)
 @pytest.mark.parametrize("policy", [p for p in replay_names() if (p in POLICIES or resolve_policy(p).k is None)
-                                    and "predictor" not in _spec(p).needs])
+                                    and not {"predictor", "confidences"} & _spec(p).needs])
 @pytest.mark.parametrize("K", [2, 5])
 def test_plans_follow_the_engine_contract(policy, K):
     prep = _prep()
@@ -138,9 +138,51 @@ def test_a_refitted_predictor_gives_the_online_replay_cells_new_run_ids(tmp_path
     before = {c.coordinates: c.run_id for c in sweep.cells()}
     pred = tmp_path / "predictor.json"
     pred.write_text('{"refit": 1}')
-    monkeypatch.setattr(sim_replay, "online_inputs", lambda: [str(pred), "data/costmodels/h200_replay_engine.json"])
+    monkeypatch.setattr(sim_replay, "online_inputs",
+                        lambda predictor=None: [str(pred), "data/costmodels/h200_replay_engine.json"])
     after = {c.coordinates: c.run_id for c in sweep.cells()}
     changed = {co[1] for co in before if before[co] != after[co]}
     assert changed == {c.method.label for c in sweep.cells() if c.method.replay in policies_needing("engine_files")}
     pred.write_text('{"refit": 22}')  # another size: the digest cache keys on (mtime, size)
     assert {c.coordinates: c.run_id for c in sweep.cells()} != after
+
+
+def test_every_cell_of_the_policies_on_our_traces_gets_plans():
+    """configs/h200_v034_powered_policies_ours.yaml (issue 24 item 4): every replay cell gets plans as the worker
+    makes them, each policy's decided from the workload's predictor and confidences, which its run id hashes;
+    every plan stays within K and covers the output, and the policies' plans differ."""
+    from sdlib.run.replay import cell_plans
+    from sdlib.workloads import load_prompts, load_trace_table
+
+    sweep = load_sweep("configs/h200_v034_powered_policies_ours.yaml")
+    cells = [c for c in sweep.cells() if c.method.replay and c.start == 0 and c.repeat == 0]
+    wl = cells[0].workload
+    assert {c.method.replay for c in cells} == {"fixed-eagle3-k4", "online-with-agreement", "online-with-confidence",
+                                               "online", "vllm-adaptive-verification"}
+    prompts, table = load_prompts(wl, None), load_trace_table(wl)
+    assert len(prompts) == 32
+    proposed = {}
+    for c in cells:
+        inputs = c.key().get("replay_inputs", {})
+        if c.method.replay.startswith("online"):
+            assert "data/predictors/online_ours64.json" in inputs
+        if c.method.replay in ("online-with-agreement", "online-with-confidence", "vllm-adaptive-verification"):
+            assert "data/traces/confidences/ours64_sharegpt.jsonl.gz" in inputs
+        plans, by_index = cell_plans(c, prompts, table)
+        K = c.method.num_spec_tokens
+        for p in by_index.values():
+            assert (p.proposed <= K).all() and sum(p.gains()) == p.output_len
+        proposed[c.method.label] = np.concatenate([by_index[i].proposed for i in sorted(by_index)])
+    assert len({v.tobytes() for v in proposed.values()}) >= len(proposed) - 1  # only the A/A twin repeats a plan
+
+
+def test_a_replay_that_decides_from_confidences_needs_them_in_the_workload(tmp_path):
+    base = {"name": "x", "models": [{"path": "/m"}], "batch_sizes": [1], "engine": {"pin_target": True},
+            "methods": [{"name": "eagle3", "model": "/h", "num_spec_tokens": 10, "replay": "online-with-agreement"}]}
+    wl = {"dataset": "sharegpt", "source": "traces", "path": "data/traces/ours64_sharegpt.jsonl.gz", "full_traces": True}
+    with pytest.raises(ConfigError, match="confidences"):
+        parse_sweep({**base, "workloads": [wl]})
+    parse_sweep({**base, "workloads": [{**wl, "confidences": "data/traces/confidences/ours64_sharegpt.jsonl.gz"}]})
+    with pytest.raises(ConfigError, match="confidences needs source 'traces'"):
+        parse_sweep({**base, "methods": [{"name": "none"}],
+                     "workloads": [{"dataset": "gsm8k", "source": "reference", "confidences": "c.jsonl.gz"}]})

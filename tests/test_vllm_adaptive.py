@@ -189,7 +189,7 @@ def embedded():
     return out
 
 
-def test_registered_as_a_simulation_only_baseline():
+def test_registered_as_a_baseline_that_replays_on_eagle3_at_the_engines_k():
     import sdlib.sim.policy  # noqa: F401
     from sdlib.core.registry import RegistryError, expand_policies, replay_ref, resolve_policy
 
@@ -197,8 +197,9 @@ def test_registered_as_a_simulation_only_baseline():
     assert ref.k is None and ref.spec.family == "baseline" and "confidences" in ref.spec.needs
     assert resolve_policy(f"{NAME}-k3").k == 3
     assert NAME not in {r.name for r in expand_policies(["baselines"])}  # that group runs without confidences
-    with pytest.raises(RegistryError, match="simulation-only"):
-        replay_ref(NAME, "eagle3", 3)
+    assert replay_ref(NAME, "eagle3", 3).k == 3  # a replay drafts the engine's K
+    with pytest.raises(RegistryError, match="replays on"):
+        replay_ref(NAME, "ngram", 3)
 
 
 @pytest.mark.parametrize("K", [1, 3, None])

@@ -229,7 +229,7 @@ class _Workloads:
         prep = self._preps[pkey]
         key = (pkey, m.name, m.replay, m.num_spec_tokens, cell.batch_size)
         if key not in self._plans:
-            plans = replay_plans(prep, m.name, m.replay, m.num_spec_tokens, batch_size=cell.batch_size)
+            plans = replay_plans(prep, m.name, m.replay, m.num_spec_tokens, batch_size=cell.batch_size, workload=wl)
             by_id = {str(r): p for r, p in zip(prep.request_id, plans)}
             self._plans[key] = [by_id[p[2]] for p in pool]
         return self._plans[key]

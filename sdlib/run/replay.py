@@ -33,7 +33,7 @@ def cell_plans(cell, prompts: list, table: pd.DataFrame) -> tuple[ReplayPlans, d
     rows = table[table["request_id"].astype(str).isin(want)]
     prep = prepare_traces(rows, ngram_lookup=True, keep_tokens=True)
     prep = truncate_traces(prep, cell.workload.max_output_tokens)
-    plans = replay_plans(prep, method.name, method.replay, K, batch_size=cell.batch_size)
+    plans = replay_plans(prep, method.name, method.replay, K, batch_size=cell.batch_size, workload=cell.workload)
     by_index: dict[int, RequestPlan] = {}
     tokens, prompt_len = {}, {}
     for i, rid in enumerate(prep.request_id):

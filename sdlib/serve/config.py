@@ -75,7 +75,7 @@ class TaskMix:
 
 #: Workload fields added after the embedded serving sweep was committed: left out of a cell's key while they
 #: hold their default, so committed cells keep their run ids.
-_WORKLOAD_FIELDS_ADDED = {"name": None}
+_WORKLOAD_FIELDS_ADDED = {"name": None, "confidences": None, "predictor": None}
 
 
 def _mix_key(m: TaskMix) -> dict[str, Any]:

@@ -36,6 +36,7 @@ import sdlib.sim.policy  # noqa: F401  (registers the policies a replay may name
 from sdlib.core.registry import BuildRequest, PolicyRef, policies_needing, replay_ref
 from sdlib.paths import resolve
 from sdlib.sim.costmodels import load_cost_model
+from sdlib.sim.policy.confidence import attach_confidences, load_confidences
 from sdlib.sim.policy.features import add_features
 from sdlib.sim.policy.training import REFERENCE_PREDICTOR, load_predictor
 from sdlib.sim.policy.walk import PolicyInputs
@@ -46,14 +47,32 @@ REPLAY_COST_MODEL = "h200_replay_engine"
 REPLAY_PREDICTOR = REFERENCE_PREDICTOR
 
 
-def online_inputs() -> list[str]:
-    """Repo-relative files the plans of policies that need ``engine_files`` are decided from."""
-    return [REPLAY_PREDICTOR, f"data/costmodels/{REPLAY_COST_MODEL}.json"]
+def online_inputs(predictor: Optional[str] = None) -> list[str]:
+    """Repo-relative files the plans of policies that need ``engine_files`` are decided from: the predictor
+    (``predictor``, a workload's; default :data:`REPLAY_PREDICTOR`) and the engine cost model."""
+    return [predictor or REPLAY_PREDICTOR, f"data/costmodels/{REPLAY_COST_MODEL}.json"]
 
 
 def needs_engine_files(policy: str) -> bool:
     """Are ``policy``'s replay plans decided from :func:`online_inputs` (so a refit makes new cells)?"""
     return policy in policies_needing("engine_files")
+
+
+def needs_confidences(policy: str) -> bool:
+    """Are ``policy``'s plans decided from the requests' draft confidences (a workload's ``confidences``)?"""
+    return policy in policies_needing("confidences")
+
+
+def replay_inputs(policy: str, workload=None) -> list[str]:
+    """The files a replay of ``policy`` on ``workload`` (a :class:`sdlib.config.WorkloadConfig`) decides its plans
+    from besides the traces, in the order a cell's key hashes them: :func:`online_inputs` (with the workload's
+    predictor) for policies that need ``engine_files``, then the workload's draft confidences for those that need
+    ``confidences``."""
+    out = online_inputs(getattr(workload, "predictor", None)) if needs_engine_files(policy) else []
+    conf = getattr(workload, "confidences", None)
+    if needs_confidences(policy) and conf:
+        out.append(conf)
+    return out
 
 
 @dataclass
@@ -72,25 +91,35 @@ class RequestPlan:
         return [1] + np.minimum(self.accepted + 1, left).astype(int).tolist()
 
 
-def replay_steps(prep: PreparedTraces, ref: PolicyRef, K: int, batch_size: int = 1, method: str | None = None):
+def replay_steps(prep: PreparedTraces, ref: PolicyRef, K: int, batch_size: int = 1, method: str | None = None,
+                 workload=None):
     """The :class:`~sdlib.sim.policy.walk.PolicySteps` of instance ``ref`` replayed on an engine with
-    ``num_speculative_tokens = K`` at ``batch_size`` (through its registered build)."""
+    ``num_speculative_tokens = K`` at ``batch_size`` (through its registered build). ``workload`` (its
+    ``predictor`` and ``confidences``, :func:`replay_inputs`) for the policies that decide from them."""
     inp = PolicyInputs.of(prep)
     cm, predictor = None, None
     if "engine_files" in ref.spec.needs:
         add_features(inp)
-        cm = load_cost_model(online_inputs()[1])
-        predictor = load_predictor(resolve(REPLAY_PREDICTOR), inp)
+        pred_file, cm_file = online_inputs(getattr(workload, "predictor", None))
+        cm = load_cost_model(cm_file)
+        predictor = load_predictor(resolve(pred_file), inp)
+    if "confidences" in ref.spec.needs:
+        conf = getattr(workload, "confidences", None)
+        if not conf:
+            raise ValueError(f"replay of {ref.label}: needs the workload's draft confidences (workloads.*.confidences)")
+        attach_confidences(inp, load_confidences(str(resolve(conf)), k=int(K), traces=str(resolve(workload.path))))
     req = BuildRequest(inp, [(cm, int(batch_size))], K=int(K), method=method, predictor=predictor)
     return ref.spec.build(req, ref)[0]
 
 
-def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int, batch_size: int = 1) -> list[RequestPlan]:
+def replay_plans(prep: PreparedTraces, method: str, policy: str, K: int, batch_size: int = 1,
+                 workload=None) -> list[RequestPlan]:
     """One :class:`RequestPlan` per request of ``prep`` for a config's ``replay: policy`` on ``method``'s engine
-    with ``num_speculative_tokens = K`` (see the module docstring); ``batch_size``: the cell's."""
+    with ``num_speculative_tokens = K`` (see the module docstring); ``batch_size``: the cell's; ``workload``:
+    the cell's (what some policies decide from, :func:`replay_inputs`)."""
     if K < 1:
         raise ValueError("K must be >= 1")
-    st = replay_steps(prep, replay_ref(policy, method, K), K, batch_size, method)
+    st = replay_steps(prep, replay_ref(policy, method, K), K, batch_size, method, workload)
     order = np.argsort(st.req, kind="stable")
     bounds = np.searchsorted(st.req[order], np.arange(len(prep) + 1))
     plans = []

@@ -44,7 +44,7 @@ from sdlib.core.bootstrap import wilson
 from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.sim.policy.confidence import ConfidenceError, OnlineWithConfidence
 from sdlib.sim.policy.features import continuation_agreement
-from sdlib.sim.policy.walk import PolicyInputs, walk
+from sdlib.sim.policy.walk import PolicyInputs, capped, walk
 
 NAME = "online-with-agreement"
 #: Classes of an n-gram draft token (see the module docstring), in the offsets' row order.
@@ -169,8 +169,8 @@ class OnlineWithAgreement(OnlineWithConfidence):
     continuation agreement's cross-fitted offsets (module docstring)."""
 
     def __init__(self, models, cost_models: Sequence, batch_sizes: Sequence[int], inp: PolicyInputs,
-                 model_of_request: Optional[np.ndarray] = None):
-        super().__init__(models, cost_models, batch_sizes, inp, model_of_request=model_of_request)
+                 model_of_request: Optional[np.ndarray] = None, kmax: Optional[int] = None):
+        super().__init__(models, cost_models, batch_sizes, inp, model_of_request=model_of_request, kmax=kmax)
         self.name = NAME
         self.offsets = AgreementOffsets(inp)
         self._req_of_flat = np.repeat(np.arange(len(inp.prep)), inp.G)
@@ -179,26 +179,26 @@ class OnlineWithAgreement(OnlineWithConfidence):
         e = super()._expected(flat, which, dyn, drafter)
         if drafter != "ngram":
             return e
-        return shift_gains(e, self.offsets(self._req_of_flat[flat], flat)).astype(e.dtype)
+        delta = self.offsets(self._req_of_flat[flat], flat)[:, :self.kmax]
+        return shift_gains(e, delta).astype(e.dtype)
 
 
 def _build(req: BuildRequest, ref: PolicyRef) -> list:
-    if req.K is not None:
-        raise ValueError(f"{ref.label}: no engine replay (simulation only)")
     if "conf_eagle" not in req.inputs.extra:
         raise ConfidenceError(f"{ref.label} needs the requests' draft confidences (attach_confidences)")
     if req.predictor is None:
         raise ValueError(f"{ref.label} needs the online policy's predictor")
     cms, bss = [c for c, _ in req.configs], [b for _, b in req.configs]
     pol = OnlineWithAgreement(req.predictor.models, cms, bss, req.inputs,
-                              model_of_request=req.predictor.model_of_request())
-    return walk(req.inputs, pol, n_configs=len(req.configs))
+                              model_of_request=req.predictor.model_of_request(), kmax=req.K)
+    return walk(req.inputs, capped(pol, req.K), n_configs=len(req.configs))
 
 
 register_policy(PolicySpec(NAME, "online", _build,
                            "online-with-confidence with the n-gram's hazards shifted by the agreement of the matched "
-                           "n-gram's earlier continuations (sdlib.sim.policy.agreement)", batch_dependent=True,
-                           needs=frozenset({"confidences", "predictor"})))
+                           "n-gram's earlier continuations (sdlib.sim.policy.agreement)", replays_on=("eagle3",),
+                           mixes_drafters=True, batch_dependent=True,
+                           needs=frozenset({"confidences", "predictor", "engine_files"})))
 
 
 __all__ = ["NAME", "CLASSES", "add_agreement", "agreement_classes", "class_rates", "class_table", "offsets_from",

@@ -42,7 +42,7 @@ from sdlib.core.bootstrap import wilson
 from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.paths import resolve
 from sdlib.sim.policy.online import OnlinePolicy
-from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, price_table, walk
+from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, capped, price_table, walk
 from sdlib.store.files import sha256_file
 
 CALIBRATED, RAW, WITH_ONLINE = "online-confidence", "online-confidence-raw", "online-with-confidence"
@@ -263,9 +263,9 @@ class OnlineWithConfidence(OnlinePolicy):
     confidence instead of the predictor's length (``online-with-confidence``)."""
 
     def __init__(self, models, cost_models: Sequence, batch_sizes: Sequence[int], inp: PolicyInputs,
-                 model_of_request: Optional[np.ndarray] = None):
+                 model_of_request: Optional[np.ndarray] = None, kmax: Optional[int] = None):
         super().__init__(models, cost_models, batch_sizes, variant="online", model_of_request=model_of_request,
-                         kmax=inp.kmax)
+                         kmax=inp.kmax if kmax is None else min(int(kmax), inp.kmax))
         self.name = WITH_ONLINE
         self.calibration = Calibration(inp, calibrated=True)
 
@@ -277,7 +277,7 @@ class OnlineWithConfidence(OnlinePolicy):
             kv = self.B[cfg] * (inp.prep.prompt_len[req] + pos)
             cu = self.cu[cfg] * np.maximum(pos - lanes.state["eg_seen"][m], 0)  # what the online policy charges too
             t = self.base[EAGLE][cfg].astype(float) + (self.slope[EAGLE][cfg] * kv + cu)[:, None]
-            proposed, drafted = stop_lengths(self.calibration(inp, req, lanes.flat[m]), t)
+            proposed, drafted = stop_lengths(self.calibration(inp, req, lanes.flat[m])[:, :self.kmax], t)
             catch_up = eagle_n[m] - length[m] - 1.0  # tokens EAGLE-3 had not seen (it skipped steps)
             length = length.copy()
             eagle_n = eagle_n.copy()
@@ -285,25 +285,27 @@ class OnlineWithConfidence(OnlinePolicy):
         return drafter, length, length, eagle, ngram, eagle_n
 
 
-def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None) -> list:
+def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None,
+                     K: Optional[int] = None) -> list:
     """Steps of a policy of :data:`VARIANTS` at each (cost model, batch size); ``online-with-confidence``
-    needs ``predictor`` (the online policy's, :class:`sdlib.sim.policy.training.Predictor`)."""
+    needs ``predictor`` (the online policy's, :class:`sdlib.sim.policy.training.Predictor`) and may be capped at an
+    engine's ``K`` (a replay: every proposal at most K, EAGLE-3 stopped within its first K drafts)."""
     cms, bss = [c for c, _ in cfg], [b for _, b in cfg]
     if name == WITH_ONLINE:
         if predictor is None:
             raise ValueError(f"{name} needs the online policy's predictor")
-        pol = OnlineWithConfidence(predictor.models, cms, bss, inp, model_of_request=predictor.model_of_request())
-    else:
-        pol = ConfidencePolicy(cms, bss, inp, variant=name)
-    return walk(inp, pol, n_configs=len(cfg))
+        pol = OnlineWithConfidence(predictor.models, cms, bss, inp, model_of_request=predictor.model_of_request(),
+                                   kmax=K)
+        return walk(inp, capped(pol, K), n_configs=len(cfg))
+    if K is not None:
+        raise ValueError(f"{name}: no engine replay (simulation only)")
+    return walk(inp, ConfidencePolicy(cms, bss, inp, variant=name), n_configs=len(cfg))
 
 
 def _build(req: BuildRequest, ref: PolicyRef) -> list:
-    if req.K is not None:
-        raise ValueError(f"{ref.label}: no engine replay (simulation only)")
     if "conf_eagle" not in req.inputs.extra:
         raise ConfidenceError(f"{ref.label} needs the requests' draft confidences (attach_confidences)")
-    return confidence_steps(req.inputs, ref.name, [tuple(c) for c in req.configs], req.predictor)
+    return confidence_steps(req.inputs, ref.name, [tuple(c) for c in req.configs], req.predictor, req.K)
 
 
 _SOURCE = "EAGLE-3's length stopped on the head's own confidence (sdlib.sim.policy.confidence)"
@@ -312,7 +314,8 @@ register_policy(PolicySpec(CALIBRATED, "online", _build, _SOURCE + ", calibrated
 register_policy(PolicySpec(RAW, "online", _build, _SOURCE + ", raw", batch_dependent=True,
                            needs=frozenset({"confidences"})))
 register_policy(PolicySpec(WITH_ONLINE, "online", _build, _SOURCE + ", inside the online policy's drafter choice",
-                           batch_dependent=True, needs=frozenset({"confidences", "predictor"})))
+                           replays_on=("eagle3",), mixes_drafters=True, batch_dependent=True,
+                           needs=frozenset({"confidences", "predictor", "engine_files"})))
 
 
 __all__ = ["VARIANTS", "ConfidenceError", "read_confidences", "load_confidences", "attach_confidences", "fit_calibration", "reliability", "Calibration",

@@ -55,7 +55,10 @@ Mapped onto the simulator (and where it deviates from vLLM):
   curves (the cost models are smooth), and vLLM 0.34's configuration docstring, which still says "only
   supported for method='dspark'" (``docs/gpu_034.md``: any draft-model/EAGLE speculator runs it).
 
-Simulation only (no engine replay); needs the requests' draft confidences (``sdlib simulate --confidences``).
+Needs the requests' draft confidences (``sdlib simulate --confidences``). A trace replay (``replay:
+vllm-adaptive-verification`` on an EAGLE-3 engine with K) plans each request's verified drafts from this rule with
+K drafted, decided with the engine cost model (:data:`sdlib.sim.replay.REPLAY_COST_MODEL`); the engine then
+verifies what the plan proposes (or K, padded, where its runner pads).
 
 Usage:
     from sdlib.sim.policy.vllm_adaptive import adaptive_steps
@@ -274,9 +277,9 @@ def adaptive_steps(inp: PolicyInputs, cfg: Sequence[tuple], K: Optional[int] = N
 
 
 def _build(req: BuildRequest, ref: PolicyRef) -> list:
-    if req.K is not None:
-        raise ValueError(f"{ref.label}: no engine replay (simulation only)")
-    return adaptive_steps(req.inputs, [tuple(c) for c in req.configs], ref.k)
+    if req.K is not None and ref.k is not None and ref.k > req.K:
+        raise ValueError(f"{ref.label}: drafts {ref.k}, more than the engine's K = {req.K}")
+    return adaptive_steps(req.inputs, [tuple(c) for c in req.configs], ref.k if ref.k is not None else req.K)
 
 
 # family "baseline" like the shipped rules of sdlib.sim.policy.baselines, but not in their group: the group runs
@@ -285,7 +288,7 @@ register_policy(PolicySpec(
     NAME, "baseline", _build,
     "vLLM 0.34 adaptive verification (v1/worker/gpu/spec_decode/acceptance_estimator.py, adaptive_verification.py; "
     "PRs #47808, #52228), EAGLE-3 drafting K", ks=(None,) + tuple(range(1, KMAX + 1)), batch_dependent=True,
-    needs=frozenset({"confidences"})))
+    replays_on=("eagle3",), replay_k=True, needs=frozenset({"confidences", "engine_files"})))
 
 
 __all__ = ["NAME", "log_odds", "Estimator", "refit", "choose_budget", "copies_budget", "admit_drafts", "cost_table",
