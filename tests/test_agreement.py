@@ -123,3 +123,23 @@ def test_policy_runs_and_is_named(embedded):
     w = per.pivot_table(index=["batch_size", "dataset", "request_id"], columns="policy", values="sd_tok_per_s")
     assert (w["online-with-agreement"] <= w["oracle-select"] * (1 + 1e-9)).all()
     assert (w["online-with-agreement"] != w["online-with-confidence"]).any()  # the shift changes decisions
+
+
+def test_committed_predictor_of_our_traces_is_their_crossfit():
+    """data/predictors/online_ours64.json (notebook 07's simulation and the H200 replay decide with it) is what
+    cross-fitting on the committed traces gives now (``make predictor`` keeps the file when the fit is the same)."""
+    import json
+
+    from sdlib.paths import resolve
+    from sdlib.sim.policy.online import models_to_dict
+    from sdlib.sim.policy.training import _same_fit, crossfit, load_predictor
+    from sdlib.sim.policy.walk import PolicyInputs
+    from sdlib.sim.prepared import prepare_traces, truncate_traces
+    from sdlib.sim.traces import load_traces
+
+    tr, k = load_traces(str(resolve("data/traces/ours64_*.jsonl.gz")))
+    inp = PolicyInputs.of(truncate_traces(prepare_traces(tr, keep_tokens=True), None), k)
+    fresh = crossfit(inp)
+    saved = json.loads(resolve("data/predictors/online_ours64.json").read_text())
+    assert _same_fit(json.loads(json.dumps([models_to_dict(m) for m in fresh.models])), saved["models"])
+    assert (load_predictor(resolve("data/predictors/online_ours64.json"), inp).fold == fresh.fold).all()
