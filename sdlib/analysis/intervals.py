@@ -207,10 +207,10 @@ def speedup_intervals(runs: pd.DataFrame, samples: dict[str, CellSample], n_boot
 
 def _paired_speedups(sd: pd.DataFrame, base: pd.DataFrame, samples: dict[str, CellSample], n_boot: int,
                      rng) -> np.ndarray:
-    """Replicates of mean SD tok/s / mean no-SD tok/s: repeats paired by index when both have the same
-    ones (else drawn independently), units paired within each repeat pair."""
-    sd_by = {int(r): rid for r, rid in zip(sd["repeat"], sd["run_id"])}
-    base_by = {int(r): rid for r, rid in zip(base["repeat"], base["run_id"])}
+    """Replicates of mean SD tok/s / mean no-SD tok/s: repeats paired by (engine start, repeat index) when both
+    have the same ones (else drawn independently), units paired within each repeat pair. A cell run on several
+    engine starts (``engine_starts``) has one run per start and repeat, each a repeat of its own."""
+    sd_by, base_by = _runs_by_repeat(sd), _runs_by_repeat(base)
     if any(samples.get(x) is None for x in [*sd_by.values(), *base_by.values()]):
         return np.full(n_boot, np.nan)
     if sorted(sd_by) == sorted(base_by):
@@ -229,6 +229,15 @@ def _paired_speedups(sd: pd.DataFrame, base: pd.DataFrame, samples: dict[str, Ce
     num = _replicates([samples[x] for x in sd_by.values()], rng, n_boot)
     den = _replicates([samples[x] for x in base_by.values()], rng, n_boot)
     return num / den
+
+
+def _runs_by_repeat(runs: pd.DataFrame) -> dict[tuple[int, int], str]:
+    """{(engine start, repeat): run id} (engine start 0 where the table predates engine starts)."""
+    start = runs["engine_start"] if "engine_start" in runs else pd.Series(0, index=runs.index)
+    out = {(int(e), int(r)): rid for e, r, rid in zip(start.fillna(0), runs["repeat"], runs["run_id"])}
+    if len(out) != len(runs):
+        raise ValueError(f"runs {sorted(runs['run_id'])[:3]}...: two runs of one cell share an engine start and repeat")
+    return out
 
 
 def _match(df: pd.DataFrame, cols: Sequence[str], key: tuple) -> pd.Series:
