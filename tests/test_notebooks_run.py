@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sdlib.paths import resolve
 from sdlib.plots.notebooks import RUNS
 from tests.conftest import notebook_parameters, run_input_cells
 
@@ -253,6 +254,29 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
             assert g.gap_share * (sp["combine"] - fixed.max()) == pytest.approx(sp[g.policy] - fixed.max(), abs=1e-6)
     rel = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_reliability.csv")
     assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
+
+
+def test_07_policies_powered_tables_are_the_analysis(notebook_runs):
+    """The powered replay of the per-step policies (issue 24 item 4): the notebook's tables are
+    powered_tables of the sweep; every replayed cell followed its plan; each row rests on 2 engine starts."""
+    import json
+
+    from sdlib.analysis.powered import powered_tables
+
+    sweep = "embedded_powered_policies_ours"
+    head = notebook_runs.csv("07_online_policy", f"07_online_policy__policies_powered_headline__sweep={sweep}.csv")
+    aa = notebook_runs.csv("07_online_policy", f"07_online_policy__policies_powered_aa__sweep={sweep}.csv")
+    t = powered_tables(f"data/sweeps/{sweep}")
+    assert set(head.arm) == {"eagle3-k10-online-with-agreement", "eagle3-k10-online-with-confidence",
+                             "eagle3-k10-online", "eagle3-k10-vllm-adaptive-verification"}
+    for got, want in ((head, t["headline"]), (aa, t["aa"])):
+        got, want = got.sort_values("arm").reset_index(drop=True), want.sort_values("arm").reset_index(drop=True)
+        for c in ("ratio", "ratio_lo", "ratio_hi"):
+            np.testing.assert_allclose(got[c], want[c], rtol=1e-6)
+    assert (head.n_starts == 2).all() and (aa.n_starts == 2).all()
+    assert ((head.ratio_lo <= head.ratio) & (head.ratio <= head.ratio_hi)).all()
+    checks = [json.loads(f.read_text()) for f in (resolve(f"data/sweeps/{sweep}") / "replay").glob("*.json")]
+    assert len(checks) == 24 and all(c["exact"] and c["counters_equal"] for c in checks)
 
 
 def test_07_agreement_table_and_decomposition(notebook_runs):
