@@ -186,3 +186,23 @@ def test_a_replay_that_decides_from_confidences_needs_them_in_the_workload(tmp_p
     with pytest.raises(ConfigError, match="confidences needs source 'traces'"):
         parse_sweep({**base, "methods": [{"name": "none"}],
                      "workloads": [{"dataset": "gsm8k", "source": "reference", "confidences": "c.jsonl.gz"}]})
+
+
+def test_a_labelled_replay_hashes_and_needs_what_its_spec_decides_from():
+    """A replay named by an instance's label (``vllm-adaptive-verification-k5``) decides from what its spec does:
+    its cells' run ids hash the confidences and cost model, and a workload without confidences is a config error."""
+    from sdlib.sim import replay as sim_replay
+
+    wl = {"dataset": "sharegpt", "source": "traces", "path": "data/traces/ours64_sharegpt.jsonl.gz",
+          "full_traces": True}
+    base = {"name": "x", "models": [{"path": "/m"}], "batch_sizes": [1], "engine": {"pin_target": True},
+            "methods": [{"name": "eagle3", "model": "/h", "num_spec_tokens": 10,
+                         "replay": "vllm-adaptive-verification-k5"}]}
+    assert sim_replay.needs_confidences("vllm-adaptive-verification-k5")
+    assert sim_replay.needs_engine_files("vllm-adaptive-verification-k5")
+    assert not sim_replay.needs_confidences("fixed-ngram-k3") and not sim_replay.needs_engine_files("no-such-policy")
+    with pytest.raises(ConfigError, match="confidences"):
+        parse_sweep({**base, "workloads": [wl]})
+    conf = "data/traces/confidences/ours64_sharegpt.jsonl.gz"
+    cell = parse_sweep({**base, "workloads": [{**wl, "confidences": conf}]}).cells()[0]
+    assert conf in cell.key()["replay_inputs"]

@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 
 import sdlib.sim.policy  # noqa: F401  (registers the policies a replay may name)
-from sdlib.core.registry import BuildRequest, PolicyRef, policies_needing, replay_ref
+from sdlib.core.registry import POLICIES, BuildRequest, PolicyRef, RegistryError, replay_ref, resolve_policy
 from sdlib.paths import resolve
 from sdlib.sim.costmodels import load_cost_model
 from sdlib.sim.policy.confidence import attach_confidences, load_confidences
@@ -53,14 +53,23 @@ def online_inputs(predictor: Optional[str] = None) -> list[str]:
     return [predictor or REPLAY_PREDICTOR, f"data/costmodels/{REPLAY_COST_MODEL}.json"]
 
 
+def _needs(policy: str) -> frozenset:
+    """What the spec of ``policy`` (a config's ``replay``: a spec name or an instance's label, such as
+    ``vllm-adaptive-verification-k5``) decides from; nothing for a name the registry does not know."""
+    try:
+        return (POLICIES[policy] if policy in POLICIES else resolve_policy(policy).spec).needs
+    except RegistryError:
+        return frozenset()
+
+
 def needs_engine_files(policy: str) -> bool:
     """Are ``policy``'s replay plans decided from :func:`online_inputs` (so a refit makes new cells)?"""
-    return policy in policies_needing("engine_files")
+    return "engine_files" in _needs(policy)
 
 
 def needs_confidences(policy: str) -> bool:
     """Are ``policy``'s plans decided from the requests' draft confidences (a workload's ``confidences``)?"""
-    return policy in policies_needing("confidences")
+    return "confidences" in _needs(policy)
 
 
 def replay_inputs(policy: str, workload=None) -> list[str]:
