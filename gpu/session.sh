@@ -11,13 +11,17 @@
 #       waits until the queue has ended or SECONDS have passed, prints each job's state, and packs
 #       /tmp/res (every job's results folder) and the logs into $OUT (split into 15 MiB files)
 #   bash gpu/session.sh stop
-#       ends the queue and every process it started
+#       ends the queue and every process it started: the runner, the running job's process group (`timeout`
+#       leads a group of its own, so killing the runner's group alone left the job running) and any process
+#       still working in /tmp/sdrepo (a sweep's workers run in sessions of their own), TERM first, KILL after
+#       STOP_GRACE_S (default 20) seconds; it lists what it had to KILL
 #
 # Queue file: one job a line, `name<TAB>timeout_s<TAB>command` (# comments). A job's command sees
 # RES=/tmp/res (pass it as --results-dir), JOB_OUT=/tmp/sdsess/<name> and OUT=$JOB_OUT. A job that fails or
 # times out is recorded and the queue goes on. State: /tmp/sdsess/status (`name rc seconds` per ended job).
 set -u
-SESS=/tmp/sdsess REPO=/tmp/sdrepo RES=/tmp/res
+# The folders (overridable for tests only: SDLIB_SESSION_ROOT puts all three under one folder)
+SESS=${SDLIB_SESSION_ROOT:-/tmp}/sdsess REPO=${SDLIB_SESSION_ROOT:-/tmp}/sdrepo RES=${SDLIB_SESSION_ROOT:-/tmp}/res
 cmd=${1:?usage: session.sh start QUEUE [MODELS_TAR] | wait SECONDS | stop}
 
 _run_queue() {  # detached: the jobs of $1, in order
@@ -28,14 +32,27 @@ _run_queue() {  # detached: the jobs of $1, in order
     echo "$name" > "$SESS/current"
     t0=$(date +%s)
     echo "[$(date -u +%T)] start $name (limit ${limit}s): $command" >> "$SESS/queue.log"
-    ( cd "$REPO" && RES=$RES JOB_OUT=$SESS/$name OUT=$SESS/$name timeout -k 20 "$limit" bash -c "$command" ) \
-      > "$SESS/$name/log.txt" 2>&1
+    ( cd "$REPO" && RES=$RES JOB_OUT=$SESS/$name OUT=$SESS/$name exec timeout -k 20 "$limit" bash -c "$command" ) \
+      > "$SESS/$name/log.txt" 2>&1 &
+    echo $! > "$SESS/job.pid"  # timeout's pid, which leads the job's process group
+    wait $!
     rc=$?
     echo "$name $rc $(( $(date +%s) - t0 ))" >> "$SESS/status"
     echo "[$(date -u +%T)] end $name rc=$rc after $(( $(date +%s) - t0 ))s" >> "$SESS/queue.log"
   done < "$queue"
   rm -f "$SESS/current"
   echo done > "$SESS/ended"
+}
+
+_leftovers() {  # pids in the runner's or the job's process group ($1, $2), or working in $REPO; not this shell's
+  # ($3 = outside: only those working in $REPO outside the two groups, i.e. not yet sent a SIGTERM)
+  local p g cwd
+  ps -eo pid=,pgid= | while read -r p g; do
+    [ "$p" = "$$" ] && continue
+    if [ "$g" = "${1:-x}" ] || [ "$g" = "${2:-x}" ]; then [ "${3:-}" = outside ] || echo "$p"; continue; fi
+    cwd=$(readlink "/proc/$p/cwd" 2>/dev/null) || continue
+    case "$cwd" in "$REPO"|"$REPO"/*) echo "$p";; esac
+  done | tr '\n' ' ' | sed 's/ $//'
 }
 
 _pack() {
@@ -78,7 +95,16 @@ case "$cmd" in
     _pack
     ;;
   stop)
-    pid=$(cat "$SESS/pid" 2>/dev/null) && kill -- -"$pid" 2>/dev/null; sleep 3; kill -9 -- -"$pid" 2>/dev/null
+    pid=$(cat "$SESS/pid" 2>/dev/null) && kill -- -"$pid" 2>/dev/null  # the runner first: it starts no next job
+    jpid=$(cat "$SESS/job.pid" 2>/dev/null) && kill -- -"$jpid" 2>/dev/null
+    grace=${STOP_GRACE_S:-20}; t0=$(date +%s)
+    sleep 1; left=$(_leftovers "$pid" "$jpid" outside); [ -n "$left" ] && kill $left 2>/dev/null  # e.g. workers
+    while [ -n "$(_leftovers "$pid" "$jpid")" ] && [ $(( $(date +%s) - t0 )) -lt "$grace" ]; do sleep 1; done
+    left=$(_leftovers "$pid" "$jpid")
+    if [ -n "$left" ]; then
+      echo "session: killing what outlived ${grace}s of SIGTERM:"; ps -ww -o pid,args -p "${left// /,}" 2>/dev/null
+      kill -9 $left 2>/dev/null
+    fi
     echo "session: stopped"; _pack
     ;;
   *) echo "session: unknown command $cmd"; exit 2 ;;

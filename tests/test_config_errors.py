@@ -261,7 +261,9 @@ def test_malformed_config_fails_fast_in_one_line(folder, no_engine, capsys, case
         took = time.perf_counter() - t0
         err = capsys.readouterr().err.strip()
         assert rc == 2, (cmd, err)
-        assert took < 1.0, (cmd, took)
+        # "fast": before any engine (no_engine refuses one) and without loading a model; the bound is loose
+        # because a loaded CI machine took over 1 s here once (2026-12-05), not because 10 s would be fast
+        assert took < 10.0, (cmd, took)
         assert len(err.splitlines()) == 1 and err.startswith("error: "), err
         assert expect in err, err
         assert "ArgsKwargs" not in err and len(err) < 400, err

@@ -1,4 +1,4 @@
-"""Notebook 06's computations on hand-made tables: batch throughput, paired speedups and their intervals,
+"""Notebook 06's computations on hand-made tables (and notebook 01's step costs on a committed sweep): batch throughput, paired speedups and their intervals,
 the calibration pairing, hiccup batches, the engine-step fits and the refit prediction."""
 
 from __future__ import annotations
@@ -8,11 +8,14 @@ import pandas as pd
 import pytest
 
 from sdlib.analysis.replay import (batch_throughput, calibration_table, harness_hiccups, measured_stack, method_info,
-                                   paired_speedups, sim_vs_measured, simulator_labels)
+                                   paired_speedups, sim_vs_measured, simulator_labels, step_costs)
+from sdlib.paths import REPO_ROOT
+from sdlib.sim.policy.baselines import DYNAMIC_SD_SCHEDULE, dynamic_sd_k
 from sdlib.sim.prepared import prepare_traces
 from sdlib.sim.replay import replay_plans
 from sdlib.sim.prepared import truncate_traces
 from sdlib.sim.replay_costs import StepFit, fit_engine_steps, refit_speedups
+from sdlib.store import SweepStore
 
 PROV = {"config": {"methods": [
     {"name": "none", "label": "none"},
@@ -124,3 +127,21 @@ def test_per_position_rates_by_hand():
     assert per_position_rates(prep, "eagle3", 3) == pytest.approx([0.6, 0.4, 0.2])
     with pytest.raises(ValueError, match="no ngram steps"):
         per_position_rates(prep, "ngram", 3)  # the look-up never proposes here
+
+
+def test_dynamic_sd_verified_what_its_schedule_says_around_the_threshold_and_notebook_01_shows_it():
+    """The committed H200 run of vLLM 0.34's Dynamic SD (configs/h200_v034_dynamic_sd.yaml): on its engine a row
+    verified the K the schedule gives for the batch size (3 below the threshold, 2 from bs 64), on the fixed
+    engine K = 3 throughout; notebook 01's step_costs table is this computation."""
+    store = SweepStore(REPO_ROOT / "data/sweeps/h200_v034_dynamic_sd")
+    costs = step_costs(store.read("runs"), store.read("engine_steps"), method_info(store.read_provenance()),
+                       verified=True)
+    schedule = next(m["options"]["num_speculative_tokens_per_batch_size"]
+                    for m in store.read_provenance()["config"]["methods"] if m["label"] == "eagle3-k3-L2.5-dynamic")
+    assert [tuple(x) for x in schedule] == [tuple(x) for x in DYNAMIC_SD_SCHEDULE]
+    for row in costs.itertuples():
+        want = {"none": 0, "eagle3-k3-L2.5": 3, "eagle3-k3-L2.5-dynamic": dynamic_sd_k(row.batch_size)}
+        assert row.verified_per_row == want[row.method_label], row
+    assert set(costs.loc[costs.method_label == "eagle3-k3-L2.5-dynamic", "verified_per_row"]) == {2, 3}
+    csv = pd.read_csv(REPO_ROOT / "figures/01_throughput_sweep__step_costs__sweep=h200_v034_dynamic_sd.csv")
+    pd.testing.assert_frame_equal(csv, costs.drop(columns=["replay"]).reset_index(drop=True), check_dtype=False)

@@ -15,7 +15,7 @@ from sdlib.analysis.roofline import (decode_roofline, mean_context_tokens, measu
 from sdlib.analysis.variance import existing_dirs
 from sdlib.extract.tables import phases_frame
 from sdlib.models.shapes import LLAMA_3_1_8B, kv_bytes_per_token, param_count
-from sdlib.plots.throughput import roofline_title
+from sdlib.plots.throughput import batch_tick_labels, roofline_title
 from sdlib.store.schema import columns, conform
 
 DEVICE = {"device": "NVIDIA H200", "copy_bandwidth_gb_s": 4000.0, "bf16_matmul_tflop_s": 700.0}
@@ -98,3 +98,8 @@ def test_memory_tables_keys_and_titles(tmp_path, capsys):
     assert mt.equals(MEM.memory_table(MEM.paper_setups()))
     assert MEM.memory_tables(paper_shapes=False, embedded=True, models_dir=tmp_path) == {}
     assert "no embedded models" in capsys.readouterr().out
+
+
+def test_batch_tick_labels_set_a_threshold_s_two_sides_on_two_lines():
+    assert batch_tick_labels([48, 63, 64, 96]) == ["48", "63", "\n64", "96"]
+    assert batch_tick_labels([1, 2, 4, 8, 16, 32, 64, 128]) == ["1", "2", "4", "8", "16", "32", "64", "128"]

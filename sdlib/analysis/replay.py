@@ -156,9 +156,14 @@ def calibration_table(batches: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
+def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFrame,
+               verified: bool = False) -> pd.DataFrame:
     """Per (engine, policy, batch size): median and interquartile engine-step time (ms) over decode steps
-    (steps where every running request gained tokens but none was prefilled), and tokens gained per step."""
+    (steps where every running request gained tokens but none was prefilled), and tokens gained per step.
+    ``verified``: also ``verified_per_row``, the median over decode steps of the draft slots a row verified
+    (scheduled tokens per running row, less the one every row decodes; the median, since the token bound above
+    keeps a few steps that also prefill a new prompt): K on a fixed-K engine, the K Dynamic SD's schedule picks
+    for the batch size on its engine (NaN where the engine did not report scheduled tokens)."""
     es = engine_steps.merge(runs[["run_id", "method_label", "batch_size", "dataset"]], on="run_id")
     es = es.merge(info[["method_label", "engine", "replay", "K"]], on="method_label", how="left")
     es = es.sort_values(["run_id", "engine_step"])
@@ -175,6 +180,10 @@ def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFram
                 step_ms_q75=("duration_s", lambda s: 1000 * float(np.percentile(s, 75))),
                 tokens_per_step=("num_new_tokens", "mean"), steps=("duration_s", "size")).reset_index()
     out["tokens_per_step"] = out["tokens_per_step"] / out["batch_size"]
+    if verified:
+        per_row = (es["num_scheduled_tokens"].astype(float) / es["num_running"]).groupby(
+            [es[c] for c in ("engine", "method_label", "replay", "K", "batch_size")], dropna=False).median()
+        out["verified_per_row"] = per_row.to_numpy() - 1
     return out
 
 

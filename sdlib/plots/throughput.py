@@ -53,10 +53,22 @@ def _legend_outside(ax) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
 
 
+def batch_tick_labels(bss: list, min_octaves: float = 0.25) -> list[str]:
+    """Tick labels for batch sizes on a log2 axis in two lines: a size within ``min_octaves`` of the last label on
+    the first line (63 beside 64, a threshold's two sides) goes on the second, so no two print over each other
+    (unless both lines are taken, then the first)."""
+    labels, last = [], [None, None]
+    for b in bss:
+        line = next((i for i in (0, 1) if last[i] is None or np.log2(b / last[i]) >= min_octaves), 0)
+        labels.append("\n" * line + str(b))
+        last[line] = b
+    return labels
+
+
 def _batch_axis(ax, sub: pd.DataFrame, ds) -> None:
     """The batch sizes of ``sub`` as plain x ticks, the axis label and the dataset as the panel title."""
     bss = sorted(sub["batch_size"].unique())
-    ax.set_xticks(bss, [str(b) for b in bss])
+    ax.set_xticks(bss, batch_tick_labels(bss))
     ax.minorticks_off()
     ax.set_xlabel("batch size")
     ax.set_title(str(ds))

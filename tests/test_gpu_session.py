@@ -1,0 +1,87 @@
+"""gpu/session.sh: the detached job queue of an H200 session. `stop` must leave nothing behind.
+
+On the H200 (2026-12-05) `stop` killed the runner's process group only; `timeout` leads a group of its own, so the
+running sweep and its worker were still alive after it (data/gpu/h200_v034_2026-12-05.json). Here a queue's job
+leaves three kinds of process: one in the job's group, one in a session of its own working in the copied checkout
+(as a sweep's workers do), and one that ignores SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sdlib.paths import REPO_ROOT
+
+SESSION = REPO_ROOT / "gpu" / "session.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("timeout") is None,
+                                reason="needs setsid and timeout (util-linux, coreutils)")
+
+
+def _alive(marker: str) -> list[str]:
+    """The test's sleepers still alive (their last argument is ``marker-<kind>``), as ``pid args`` lines."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line.strip() for line in out.splitlines()
+            if len(line.split()) > 2 and line.split()[-1].startswith(marker) and "python" in line.split()[1]]
+
+
+def _session(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, "SDLIB_SESSION_ROOT": str(tmp_path / "root"), "SDLIB_GPU_STACK": "test",
+            "SDLIB_GIT_COMMIT": "0" * 40, **env}
+    return subprocess.run(["bash", str(SESSION), *args], cwd=tmp_path / "checkout", env=full,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _sleeper(marker: str, what: str) -> str:
+    return f"python3 -c 'import time; time.sleep(300)' {marker}-{what}"
+
+
+def test_stop_ends_the_running_job_its_own_session_children_and_what_ignores_sigterm(tmp_path):
+    marker = f"sdsess-{uuid.uuid4().hex[:10]}"
+    checkout = tmp_path / "checkout"
+    (checkout / "gpu").mkdir(parents=True)
+    shutil.copy(SESSION, checkout / "gpu" / "session.sh")
+    job = (f"{_sleeper(marker, 'group')} & "
+           f"setsid {_sleeper(marker, 'session')} & "
+           f"(trap '' TERM; exec python3 -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           f"time.sleep(300)' {marker}-deaf) & wait")
+    (checkout / "queue.txt").write_text(f"# a test queue\nfirst\t300\t{job}\nsecond\t300\techo {marker}-second\n")
+    try:
+        started = _session(tmp_path, "start", "queue.txt")
+        assert started.returncode == 0, started.stdout + started.stderr
+        deadline = time.time() + 30
+        while len(_alive(marker)) < 3 and time.time() < deadline:
+            time.sleep(0.2)
+        kinds = sorted(line.split()[-1] for line in _alive(marker))
+        assert kinds == [f"{marker}-{k}" for k in ("deaf", "group", "session")], kinds
+
+        stopped = _session(tmp_path, "stop", STOP_GRACE_S="3")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "session: stopped" in stopped.stdout
+        assert f"{marker}-deaf" in stopped.stdout  # it says what it had to SIGKILL
+        time.sleep(0.5)
+        assert _alive(marker) == []
+        # the runner started no next job
+        assert not (tmp_path / "root" / "sdsess" / "second").exists()
+    finally:
+        for line in _alive(marker):
+            subprocess.run(["kill", "-9", line.split()[0]], capture_output=True)
+
+
+def test_a_queue_runs_its_jobs_in_order_and_records_each_status(tmp_path):
+    checkout = tmp_path / "checkout"
+    (checkout / "gpu").mkdir(parents=True)
+    shutil.copy(SESSION, checkout / "gpu" / "session.sh")
+    (checkout / "queue.txt").write_text("ok\t30\ttrue\nfails\t30\texit 3\nslow\t1\tsleep 30\n")
+    assert _session(tmp_path, "start", "queue.txt").returncode == 0
+    waited = _session(tmp_path, "wait", "60")
+    assert "session: ended" in waited.stdout, waited.stdout + waited.stderr
+    status = (tmp_path / "root" / "sdsess" / "status").read_text().split("\n")
+    assert [line.split()[:2] for line in status if line] == [["ok", "0"], ["fails", "3"], ["slow", "124"]]
