@@ -96,7 +96,7 @@ def _files_fingerprint(files: dict[str, str]) -> str:
     return h.hexdigest()[:12]
 
 
-def _file_fingerprint(path: str) -> Optional[str]:
+def file_fingerprint(path: str) -> Optional[str]:
     """sha256[:12] of a file's bytes (cached while its mtime and size stay), None if it is missing."""
     try:
         st = os.stat(path)
@@ -448,7 +448,7 @@ class Cell:
         key["seed"] = self.seed
         inputs = sim_replay.replay_inputs(self.method.replay, self.workload) if self.method.replay else []
         if inputs:  # plans decided by committed files
-            key["replay_inputs"] = {f: _file_fingerprint(str(resolve(f))) for f in inputs}
+            key["replay_inputs"] = {f: file_fingerprint(str(resolve(f))) for f in inputs}
         return key
 
     @property

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from sdlib.config import ConfigError, SweepConfig, load_sweep, parse_sweep
 from sdlib.run.groups import _child_env, _on_sigterm, _orphans, begin_invocation, end_invocation, run_group
+from sdlib.run.inputs import check_inputs, record_inputs
 from sdlib.run.plan import plan
 from sdlib.run.preflight import preflight
 from sdlib.store import FolderLock, SweepStore
@@ -78,6 +79,7 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
         n_orphans = _orphans(store)
         if n_orphans:
             say(f"sweep {sweep.name}: ended {n_orphans} engine group(s) a killed sweep left running")
+        inputs = check_inputs(sweep, store)  # a trace or prompt file changed under done cells: one line, no file written
         store.set_current(recorded_form(sweep, store), [c.run_id for c in sweep.cells()])
         groups = plan(sweep, store, retry_failed=retry_failed)
         if only_methods:
@@ -97,6 +99,7 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
             say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
                 f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
             return store
+        record_inputs(store, inputs)
         if ray_executor is not None:
             ray_executor.run_groups(sweep, store, groups, env, verbose, quiet, say, lock.lease, connection)
         else:

@@ -307,6 +307,12 @@ class SweepStore:
         p = self.provenance_path
         return json.loads(p.read_text()) if p.exists() else {}
 
+    def set_provenance_key(self, key: str, value: Any) -> None:
+        """Set one top-level key of provenance.json (e.g. ``inputs``, :mod:`sdlib.run.inputs`)."""
+        prov = self.read_provenance()
+        prov[key] = value
+        write_json_atomic(prov, self.provenance_path)
+
     def record_invocation(self, sweep_config: dict[str, Any], entry: dict[str, Any]) -> None:
         """Append one invocation's facts to provenance.json (the config is kept as the latest)."""
         prov = self.read_provenance()
