@@ -173,17 +173,14 @@ def step_costs(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.DataFram
     # drop each batch's first step at full size instead
     first_full = full & ~(full.groupby(es["run_id"]).shift(1, fill_value=False).astype(bool))
     decode = full & ((sched.isna() & ~first_full) | (sched <= es["batch_size"] * (1 + es["K"])))
-    es = es[decode]
+    es = es[decode].assign(verified_per_row=(sched / es["num_running"] - 1)[decode])
     g = es.groupby(["engine", "method_label", "replay", "K", "batch_size"], dropna=False)
+    extra = {"verified_per_row": ("verified_per_row", "median")} if verified else {}
     out = g.agg(step_ms=("duration_s", lambda s: 1000 * float(np.median(s))),
                 step_ms_q25=("duration_s", lambda s: 1000 * float(np.percentile(s, 25))),
                 step_ms_q75=("duration_s", lambda s: 1000 * float(np.percentile(s, 75))),
-                tokens_per_step=("num_new_tokens", "mean"), steps=("duration_s", "size")).reset_index()
+                tokens_per_step=("num_new_tokens", "mean"), steps=("duration_s", "size"), **extra).reset_index()
     out["tokens_per_step"] = out["tokens_per_step"] / out["batch_size"]
-    if verified:
-        per_row = (es["num_scheduled_tokens"].astype(float) / es["num_running"]).groupby(
-            [es[c] for c in ("engine", "method_label", "replay", "K", "batch_size")], dropna=False).median()
-        out["verified_per_row"] = per_row.to_numpy() - 1
     return out
 
 

@@ -28,7 +28,7 @@ from typing import Optional
 
 from sdlib.config import ConfigError, SweepConfig, WorkloadConfig, file_fingerprint
 from sdlib.paths import repo_relative, resolve
-from sdlib.sim.traces import REFERENCE_DIR, REFERENCE_FILES
+from sdlib.sim.traces import REFERENCE_FILES, reference_path
 from sdlib.store import SweepStore
 
 #: The provenance key of the record.
@@ -38,12 +38,10 @@ INPUTS_KEY = "inputs"
 def workload_files(w: WorkloadConfig) -> list[str]:
     """The files ``w`` reads (repo-relative where they lie in the checkout), sorted."""
     out: list[Path] = []
-    if w.source == "reference":
-        stem = REFERENCE_FILES.get(w.dataset)
-        if stem:
-            out += [p for p in (REFERENCE_DIR / f"{stem}.jsonl.gz", REFERENCE_DIR / f"{stem}.jsonl") if p.exists()][:1]
+    if w.source == "reference" and w.dataset in REFERENCE_FILES:
+        out = [p for p in [reference_path(w.dataset)] if p.exists()]
     elif w.path and w.source in ("traces", "local", "auto"):
-        out += [Path(p) for p in sorted(glob.glob(str(resolve(w.path))))]
+        out = [Path(p) for p in glob.glob(str(resolve(w.path)))]
     return sorted({repo_relative(p) for p in out})
 
 
@@ -61,8 +59,9 @@ def check_inputs(sweep: SweepConfig, store: SweepStore) -> dict[str, Optional[st
     changed = {f: (recorded[f], fp) for f, fp in now.items() if f in recorded and fp and recorded[f] != fp}
     if changed:
         done = store.done_ids()
+        files = {w.label: workload_files(w) for w in sweep.workloads}
         for f, (old, new) in changed.items():
-            n = sum(1 for c in sweep.cells() if c.run_id in done and f in workload_files(c.workload))
+            n = sum(1 for c in sweep.cells() if c.run_id in done and f in files[c.workload.label])
             if n:
                 raise ConfigError(f"{f} changed since {n} done cell(s) of this sweep read it (sha256 {old} -> {new}): "
                                   f"restore it, or run into a new --results-dir ({store.dir})")

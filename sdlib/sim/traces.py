@@ -87,14 +87,15 @@ def load_reference_traces(datasets: Optional[Iterable[str]] = None,
     bad = [d for d in names if d not in REFERENCE_FILES]
     if bad:
         raise ValueError(f"datasets: {bad} not among the reference traces {sorted(REFERENCE_FILES)}")
-    frames = []
-    for d in names:
-        stem = REFERENCE_FILES[d]
-        path = directory / f"{stem}.jsonl.gz"
-        if not path.exists():
-            path = directory / f"{stem}.jsonl"
-        frames.append(read_trace_file(path, d))
+    frames = [read_trace_file(reference_path(d, directory), d) for d in names]
     return pd.concat(frames, ignore_index=True)
+
+
+def reference_path(dataset: str, directory: Path = REFERENCE_DIR) -> Path:
+    """The authors' trace file of ``dataset`` (one of :data:`REFERENCE_FILES`): ``.jsonl.gz``, else ``.jsonl``."""
+    stem = REFERENCE_FILES[dataset]
+    path = directory / f"{stem}.jsonl.gz"
+    return path if path.exists() else directory / f"{stem}.jsonl"
 
 
 def write_trace_file(df: pd.DataFrame, path: str | Path) -> Path:
