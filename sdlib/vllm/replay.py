@@ -27,6 +27,11 @@ How (read in vLLM 0.26.0, 0.32.0 and 0.34.0; version differences are in :mod:`sd
   (on vLLM 0.34, whose n-gram look-up is a GPU kernel, the host look-up is vLLM 0.32's, kept in
   :mod:`sdlib.vllm.ngram_host`). The same V2 hook serves 0.34's ``propose(input_batch, ...)`` (called
   positionally from ``vllm/v1/worker/gpu/model_runner.py:2368``; ``dummy_run`` by keyword).
+* **Adaptive verification** (vLLM 0.34, ``enable_adaptive_verification``): the engine verifies only a budget of
+  slots ranked by the drafts' confidences, so a row verifies what the plan proposed rather than K. Its own
+  confidences (an online-calibrated estimate from the draft logits, meaningless with dummy weights) are
+  replaced after each ``propose`` by :func:`av_confidences` and its budget by :func:`av_budget`, so that it
+  verifies each row's planned proposal and drops the padding.
 
 All hooks run in the engine's worker through ``llm.collective_rpc`` (module-level functions, pickled by
 reference; the multi-process engine needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``).
@@ -80,6 +85,66 @@ def drafts(a: int, d: int) -> list[int]:
     return [0] * a + [1] * (d - a)
 
 
+#: Confidences :func:`av_confidences` gives: a slot the budget counts (a draft; a padded slot, ranked after every
+#: draft), a draft it does not count (halved along the row, still above padding), a padded slot it does not count.
+AV_DRAFT, AV_PAD_COUNTED, AV_DRAFT_UNCOUNTED, AV_PAD = 1.0, 0.999, 1e-3, 0.0
+#: :func:`av_budget` counts the slots whose running product is above this.
+AV_COUNT_ABOVE = 0.5
+
+
+def av_confidences(d_now, d_next, K: int):
+    """The draft confidences a replay gives vLLM 0.34's adaptive verification so that it verifies every row's
+    planned proposal: ``d_now`` (rows,) the lengths proposed for the drafts written now, ``d_next`` (rows,) the
+    same rows' next plan step's lengths; returns (rows, K) float32 (torch tensors in, torch out).
+
+    Adaptive verification uses one published set of confidences twice, a step apart (vLLM 0.34.0
+    ``vllm/v1/worker/gpu/spec_decode/adaptive_verification.py``). The *next* step hands its slot budget out with
+    them (``reallocate_drafts``: the globally highest running products of confidences win), so the drafts
+    written now must rank above every padded slot. But the budget itself, how many slots the batch verifies, is
+    chosen on the host from the confidences published a step *earlier* (``get_num_tokens`` reads the stale copy:
+    ``record_confidences`` swaps two buffers), so the count these confidences carry must be the one the step
+    after next needs: ``sum(d_next)`` slots. (The plain 1 for a draft and 0 for padding carries this step's count
+    instead, and lost drafts whenever a step proposed more than the one before: data/gpu/h200_v034_2026-12-05b.json.)
+
+    Over the batch, in column order (every row's first slot, then every row's second, ...; each row's taken
+    slots are then a prefix, as running products need): if ``sum(d_next) <= sum(d_now)``, the first
+    ``sum(d_next)`` drafts get :data:`AV_DRAFT` and the others :data:`AV_DRAFT_UNCOUNTED`; otherwise every draft
+    gets :data:`AV_DRAFT` and ``sum(d_next) - sum(d_now)`` padded slots :data:`AV_PAD_COUNTED`. Other padded
+    slots: :data:`AV_PAD`. The count is read back by :func:`av_budget`. A request's first step is verified in
+    full (vLLM's ``add_request`` sets its confidences to 1): more than the plan, never less.
+    """
+    # deferred: torch takes seconds to import, and only this path needs it
+    import torch
+
+    d_now, d_next = d_now.long(), d_next.long()
+    rows = d_now.shape[0]
+    cols = torch.arange(K, device=d_now.device).unsqueeze(0).expand(rows, K)
+    draft = cols < d_now.unsqueeze(1)
+
+    def rank(mask):  # each slot's rank among the ``mask`` slots in column order
+        return (torch.cumsum(mask.t().reshape(-1).long(), 0) - 1).reshape(K, rows).t()
+
+    want = d_next.sum()
+    counted_draft = draft & (rank(draft) < want)
+    counted_pad = ~draft & (rank(~draft) < want - draft.sum())
+    conf = torch.full((rows, K), AV_PAD, dtype=torch.float32, device=d_now.device)
+    conf = torch.where(counted_draft, AV_DRAFT, conf)
+    conf = torch.where(draft & ~counted_draft, AV_DRAFT_UNCOUNTED, conf)
+    return torch.where(counted_pad, AV_PAD_COUNTED, conf)
+
+
+def av_budget(stale, scheduled, cap: int) -> int:
+    """The batch's draft budget in a replay: the stale confidences' count of slots (:func:`av_confidences`),
+    ``stale`` (rows, K) as vLLM's ``get_num_tokens`` reads them, ``scheduled`` (rows,) the drafts each row
+    scheduled, at most ``cap`` (vLLM's logit limit). vLLM's own rule (the ``argmax`` of expected tokens over a
+    cost that steps at CUDA-graph buckets) leaves out the last slots before a bucket's edge even when each is
+    worth a token, which a plan that says what to verify cannot allow; the hand-out, the compaction and the
+    variable-length graphs stay vLLM's."""
+    surv = np.cumprod(np.asarray(stale, dtype=np.float64), axis=1)
+    valid = np.arange(surv.shape[1])[None, :] < np.asarray(scheduled)[:, None]
+    return int(min((surv[valid] > AV_COUNT_ABOVE).sum(), int(np.sum(scheduled)), max(int(cap), 0)))
+
+
 # --------------------------------------------------------------------------- state in the worker
 class _State:
     """The hooks' view of the current cell, attached to the model runner."""
@@ -99,6 +164,7 @@ class _State:
         self._slot_row = None
         self._slot_owner: dict[int, str] = {}
         self._host_calls: dict[str, int] = {}
+        self.adaptive = False  # vLLM 0.34's enable_adaptive_verification is on (V2): av_confidences
 
     def set(self, plans: ReplayPlans) -> None:
         if plans.K != self.K:
@@ -152,10 +218,13 @@ class _State:
         self._key_row = {k: i for i, k in enumerate(keys)}
         L = max((int(v[0].max()) + 1 for v in plans.plans.values() if len(v[0])), default=1) + 1
         table = np.zeros((len(keys) + 1, L), dtype=np.int32)  # last row: unknown requests accept nothing
-        for k, (pos, _, acc) in plans.plans.items():
+        proposed = np.zeros_like(table)  # the plan's proposal length by position (adaptive verification)
+        for k, (pos, prop, acc) in plans.plans.items():
             table[self._key_row[k], pos] = acc
+            proposed[self._key_row[k], pos] = prop
         dev = self.runner.device
         self._table = torch.as_tensor(table, device=dev)
+        self._proposed = torch.as_tensor(proposed, device=dev)
         self._cols = torch.arange(self.K, device=dev, dtype=torch.int32)
         self._slot_row = torch.full((_max_num_reqs(self.runner),), len(keys), dtype=torch.int64, device=dev)
         self._slot_owner.clear()
@@ -267,8 +336,13 @@ def _install_v2(runner: Any, st: _State) -> None:
         idx = ib.idx_mapping[:n].long()
         rs = runner.req_states
         pos = (rs.total_len.gpu[idx] - rs.prompt_len.gpu[idx]).long().clamp_(0, st._L - 1)
-        a = st._table[st._slot_row[idx], pos]
+        row = st._slot_row[idx]
+        a = st._table[row, pos]
         k = out.shape[1]
+        if st.adaptive:  # what adaptive verification ranks: the plan's lengths, not the drafter's estimates
+            nxt = (pos + a.long() + 1).clamp_(max=st._L - 1)  # the row's next plan step (this one gains a + 1)
+            conf = av_confidences(st._proposed[row, pos], st._proposed[row, nxt], k)
+            spec.draft_token_confidence_probs[:n, :k].copy_(conf)
         return (st._cols[:k].unsqueeze(0) >= a.unsqueeze(1)).to(out.dtype)
 
     spec.propose = propose
@@ -320,9 +394,39 @@ def _w_install(worker: Any, K: int) -> str:
         if getattr(sc, "async_scheduling", False):
             raise RuntimeError("replay: V1 runner with async scheduling: drafts stay on the GPU; not supported")
     st = _State(runner, kind, K)
+    st.adaptive = kind == "v2" and getattr(runner, "adaptive_verification", None) is not None
+    if st.adaptive:
+        _install_av_budget(runner.adaptive_verification)
     runner._sdlib_replay = st
     (_install_v2 if kind == "v2" else _install_v1)(runner, st)
     return kind
+
+
+def _install_av_budget(av: Any) -> None:
+    """Wrap vLLM 0.34's ``AdaptiveVerificationManager.get_num_tokens`` so that the budget it stashes for the
+    step is :func:`av_budget`'s (read in 0.34.0: it returns the step's token count and stashes
+    ``(drafts per request, non-draft tokens per request, budget)`` in ``_batch_budget`` for
+    ``reallocate_drafts``)."""
+    need = ("get_num_tokens", "_stale_confidences", "_stale_idx", "req_states", "_max_total_logits",
+            "num_bonus_tokens")
+    missing = [a for a in need if not hasattr(av, a)]
+    if missing:
+        raise RuntimeError(f"replay: adaptive verification without {missing}: this vLLM's manager is not 0.34's")
+    orig = av.get_num_tokens
+
+    def get_num_tokens(num_tokens_per_req, draft_tokens):
+        orig(num_tokens_per_req, draft_tokens)
+        per_req, non_draft, _ = av._batch_budget
+        req_ids = list(num_tokens_per_req)
+        slots = [av.req_states.req_id_to_index[r] for r in req_ids]
+        scheduled = np.array([per_req[r] for r in req_ids], dtype=np.int64)
+        stale = av._stale_confidences[av._stale_idx].np[slots]
+        cap = av._max_total_logits - len(req_ids) * av.num_bonus_tokens
+        b = av_budget(stale, scheduled, cap)
+        av._batch_budget = (per_req, non_draft, b)
+        return sum(non_draft.values()) + b
+
+    av.get_num_tokens = get_num_tokens
 
 
 def _w_set(worker: Any, blob: bytes) -> None:

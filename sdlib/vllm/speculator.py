@@ -16,7 +16,9 @@ that drafts fewer is padded with ``pad``: the row's last token (vLLM 0.34's own 
 way, ``ngram/speculator.py``) or a fixed token id (a replay with the pinned target, whose greedy token is always
 0, pads with 1: always rejected). With ``enable_adaptive_verification`` the padded slots get confidence 0 and
 real drafts 1 (``draft_token_confidence_probs``, read by ``adaptive_verification.py:record_confidences``), so
-vLLM's budget can leave the padding unverified.
+vLLM's budget can leave the padding unverified. vLLM chooses a step's budget (how many slots) from the
+confidences of the step before, so a proposer whose lengths change from step to step gets the previous step's
+count (a replay corrects for it: :func:`sdlib.vllm.replay.av_confidences`).
 
 The method is registered by :func:`sdlib.vllm.plugin.register`, a vLLM general plugin (entry point
 ``vllm.general_plugins``), so that the engine-core and worker processes know it too; :mod:`sdlib.vllm.compat`
