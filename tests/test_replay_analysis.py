@@ -145,3 +145,37 @@ def test_dynamic_sd_verified_what_its_schedule_says_around_the_threshold_and_not
     assert set(costs.loc[costs.method_label == "eagle3-k3-L2.5-dynamic", "verified_per_row"]) == {2, 3}
     csv = pd.read_csv(REPO_ROOT / "figures/01_throughput_sweep__step_costs__sweep=h200_v034_dynamic_sd.csv")
     pd.testing.assert_frame_equal(csv, costs.drop(columns=["replay"]).reset_index(drop=True), check_dtype=False)
+
+
+def test_trace_cells_take_instance_labels_and_leave_out_twins():
+    """A replay named by an instance label (``fixed-eagle3-k5``, as the powered configs name their fixed arms)
+    is a fixed cell the simulator can price; an A/A twin (the same plan) and a policy it cannot price are not."""
+    from sdlib.sim.replay_costs import trace_cells
+
+    info = pd.DataFrame({"method_label": ["none", "eagle3-k5-fixed-eagle3-k5", "eagle3-k5-combine",
+                                          "eagle3-k5-fixed-eagle3-k5-AA", "eagle3-k10-online", "eagle3-k5-fixed"],
+                         "method": ["none", "eagle3", "eagle3", "eagle3", "eagle3", "eagle3"],
+                         "K": [0, 5, 5, 5, 10, 5],
+                         "replay": [None, "fixed-eagle3-k5", "combine", "fixed-eagle3-k5", "online", "fixed"],
+                         "aa_of": [None, None, None, "eagle3-k5-fixed-eagle3-k5", None, None]})
+    assert list(trace_cells(info)["method_label"]) == ["eagle3-k5-fixed-eagle3-k5", "eagle3-k5-combine",
+                                                       "eagle3-k5-fixed"]
+
+
+def test_powered_vs_simulated_pairs_the_headline_with_each_prediction():
+    from sdlib.analysis.powered import powered_vs_simulated
+
+    head = pd.DataFrame([{"dataset": "d", "batch_size": 1, "arm": "c", "best_fixed": "f", "ratio": 1.2,
+                          "ratio_lo": 1.1, "ratio_hi": 1.3, "established": True, "n_prompts": 32, "n_starts": 2,
+                          "n_cells": 4},
+                         {"dataset": "d", "batch_size": 1, "arm": "online", "best_fixed": "f", "ratio": 1.0,
+                          "ratio_lo": 0.9, "ratio_hi": 1.1, "established": False, "n_prompts": 32, "n_starts": 2,
+                          "n_cells": 4}])
+    pg = pd.DataFrame([{"dataset": "d", "batch_size": 1, "arm": "Oracle Combine", "arm_label": "c",
+                        "predictor": p, "best_fixed_label": "f", "simulated": s, "fixed_overprediction": 0.2,
+                        "measured": 9.0} for p, s in (("m1, ragged", 1.5), ("engine refit", 1.2))])
+    out = powered_vs_simulated(head, pg)
+    assert list(out["predictor"]) == ["m1, ragged", "engine refit"]  # the online arm has no prediction
+    assert np.allclose(out["sim_over_measured"], [1.25, 1.0]) and out["same_fixed"].all()
+    assert np.allclose(out["ratio"], 1.2)  # the powered ratio, not paired_gains' prompt-only one
+    assert powered_vs_simulated(head, pg.iloc[:0]).empty

@@ -235,3 +235,25 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
     return {"units": u, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot)}
+
+
+def powered_vs_simulated(headline: pd.DataFrame, paired_gains: pd.DataFrame) -> pd.DataFrame:
+    """Measured against simulated as paired ratios, on a powered sweep: each oracle arm of ``headline``
+    (:func:`headline_table`: the arm over the best fixed arm, its 95% t interval over cells and prompts) beside
+    the simulator's ratio of the same two arms over the same prompts from each predictor (``paired_gains``:
+    :func:`sdlib.analysis.replay_report.paired_gains`, whose own ``measured`` interval spans prompts only, so it
+    is not used). ``sim_over_measured`` = simulated / measured; ``fixed_overprediction`` (the predictor's
+    speedup of the best fixed cell over the measured one, - 1) is kept apart; ``same_fixed``: both chose the
+    same best fixed arm."""
+    cols = ["dataset", "batch_size", "arm", "best_fixed", "ratio", "ratio_lo", "ratio_hi", "established",
+            "n_prompts", "n_starts", "n_cells"]
+    if headline.empty or paired_gains.empty:
+        return pd.DataFrame(columns=cols + ["predictor", "simulated", "sim_over_measured", "fixed_overprediction",
+                                            "same_fixed"])
+    pg = paired_gains.rename(columns={"arm": "oracle", "arm_label": "arm"})[
+        ["dataset", "batch_size", "arm", "oracle", "predictor", "best_fixed_label", "simulated",
+         "fixed_overprediction"]]
+    out = headline[cols].merge(pg, on=["dataset", "batch_size", "arm"])
+    out["sim_over_measured"] = out["simulated"] / out["ratio"]
+    out["same_fixed"] = out["best_fixed"] == out["best_fixed_label"]
+    return out.drop(columns="best_fixed_label")

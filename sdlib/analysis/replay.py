@@ -26,6 +26,7 @@ from sdlib.core.registry import engine_label, method_spec, replay_ref
 from sdlib.sim.bounds import bounds_stack
 from sdlib.sim.oracle import authors_names
 from sdlib.sim.prepared import prepare_traces, truncate_traces
+from sdlib.sim.replay_costs import trace_cells
 from sdlib.workloads import load_prompts, load_trace_table
 
 #: the no-SD method label every speedup is relative to
@@ -33,16 +34,18 @@ BASELINE = "none"
 
 
 def method_info(provenance: dict[str, Any]) -> pd.DataFrame:
-    """One row per method label of the sweep's config: ``method_label, method, K, replay, engine, synthetic_L``
-    (``engine`` = the engine path and K that ran it, e.g. ``eagle3-k3``). The provenance's config is the
-    sweep's validated config written out whole, so every SD method carries its ``num_spec_tokens``."""
+    """One row per method label of the sweep's config: ``method_label, method, K, replay, engine, synthetic_L,
+    aa_of`` (``engine`` = the engine path and K that ran it, e.g. ``eagle3-k3``; ``aa_of``: the arm an A/A twin
+    copies). The provenance's config is the sweep's validated config written out whole, so every SD method
+    carries its ``num_spec_tokens``."""
     rows = []
     for m in provenance.get("config", {}).get("methods", []):
         k = int(m["num_spec_tokens"]) if method_spec(m["name"]).is_sd else 0
         opts = m.get("options") or {}
         rows.append({"method_label": m["label"], "method": m["name"], "K": k, "replay": m.get("replay"),
-                     "engine": engine_label(m["name"], k), "synthetic_L": opts.get("synthetic_acceptance_length")})
-    return pd.DataFrame(rows, columns=["method_label", "method", "K", "replay", "engine", "synthetic_L"])
+                     "engine": engine_label(m["name"], k), "synthetic_L": opts.get("synthetic_acceptance_length"),
+                     "aa_of": m.get("aa_of")})
+    return pd.DataFrame(rows, columns=["method_label", "method", "K", "replay", "engine", "synthetic_L", "aa_of"])
 
 
 def replay_traces(provenance: dict[str, Any]) -> dict:
@@ -221,7 +224,7 @@ def simulator_labels(sp: pd.DataFrame) -> pd.DataFrame:
     """Adds the simulator's names of each replayed trace policy (``proposer``, ``predict_method``:
     ``FIXED_K``, ``ORACLE_K``; Combine = proposer ``combined``) and its ``kind`` and ``k`` (None for the
     oracles), so measured cells read like the simulator's table."""
-    out = sp[sp["replay"].isin(("fixed", "oracle", "combine"))].copy()
+    out = sp[sp["method_label"].isin(trace_cells(sp)["method_label"])].copy()
     refs = [replay_ref(r, m, int(k)) for m, r, k in zip(out["method"], out["replay"], out["K"])]
     names = [authors_names(ref, cap=int(k)) for ref, k in zip(refs, out["K"])]
     out["proposer"] = [a for a, _ in names]

@@ -36,6 +36,25 @@ from sdlib.sim.replay import replay_steps
 TRACE_POLICIES = ("fixed", "oracle", "combine")
 
 
+def trace_policy(replay, method: str, K: int):
+    """The registry name a config's ``replay`` stands for on ``method``'s engine (``fixed`` for ``fixed`` and for
+    an instance label such as ``fixed-eagle3-k5``), None for no replay or a name the registry does not know."""
+    if not isinstance(replay, str) or not replay:
+        return None
+    try:
+        return replay_ref(replay, method, int(K)).name
+    except ValueError:  # RegistryError
+        return None
+
+
+def trace_cells(info: pd.DataFrame) -> pd.DataFrame:
+    """The method labels whose replay the simulator can price (:data:`TRACE_POLICIES`), A/A twins left out
+    (``aa_of``: the same plan as the arm they copy)."""
+    kinds = [trace_policy(r, m, k) for r, m, k in zip(info["replay"], info["method"], info["K"])]
+    twin = info["aa_of"].notna() if "aa_of" in info else pd.Series(False, index=info.index)
+    return info[pd.Series(kinds, index=info.index).isin(TRACE_POLICIES) & ~twin]
+
+
 def _steps(prep: PreparedTraces, method: str, policy: str, K: int, padded: bool):
     """The replayed steps of ``policy`` on ``method``'s engine; ``padded``: every row verifies K where the
     method's engine pads (vLLM 0.26's V2 runner: :attr:`sdlib.core.registry.MethodSpec.padded`)."""
@@ -52,7 +71,7 @@ def simulated_speedups(preps: dict[str, PreparedTraces], info: pd.DataFrame, cos
     rows = []
     for ds, prep in preps.items():
         inp = PolicyInputs.of(prep)
-        for m in info[info["replay"].isin(TRACE_POLICIES)].itertuples():
+        for m in trace_cells(info).itertuples():
             for padded in (False, True):
                 st = _steps(prep, m.method, m.replay, int(m.K), padded)
                 L = st.output_len
@@ -92,7 +111,7 @@ def fit_engine_steps(runs: pd.DataFrame, engine_steps: pd.DataFrame, info: pd.Da
     """One linear step-time fit per engine (path and K) over every step of its replayed and no-SD cells
     (prefills included; ``n`` = tokens the target processed, ``kv`` = tokens held). The robust refit drops
     steps beyond 5 scaled MADs; R² is reported over all steps and over the inliers."""
-    keep_labels = info[info["replay"].isin(TRACE_POLICIES) | (info["method"] == "none")]
+    keep_labels = pd.concat([trace_cells(info), info[info["method"] == "none"]])
     es = engine_steps.merge(runs[["run_id", "method_label"]], on="run_id").merge(
         keep_labels[["method_label", "engine"]], on="method_label")
     es = es[es["num_scheduled_tokens"].notna() & (es["num_running"] > 0)]
@@ -123,7 +142,7 @@ def refit_speedups(preps: dict[str, PreparedTraces], info: pd.DataFrame, fits: d
     base_fit = fits["none"]
     for ds, prep in preps.items():
         P = prep.prompt_len.astype(float)
-        for m in info[info["replay"].isin(TRACE_POLICIES)].itertuples():
+        for m in trace_cells(info).itertuples():
             if m.engine not in fits:
                 continue
             f = fits[m.engine]
