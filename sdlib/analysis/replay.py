@@ -224,7 +224,7 @@ def simulator_labels(sp: pd.DataFrame) -> pd.DataFrame:
     """Adds the simulator's names of each replayed trace policy (``proposer``, ``predict_method``:
     ``FIXED_K``, ``ORACLE_K``; Combine = proposer ``combined``) and its ``kind`` and ``k`` (None for the
     oracles), so measured cells read like the simulator's table."""
-    out = sp[sp["method_label"].isin(trace_cells(sp)["method_label"])].copy()
+    out = trace_cells(sp).copy()
     refs = [replay_ref(r, m, int(k)) for m, r, k in zip(out["method"], out["replay"], out["K"])]
     names = [authors_names(ref, cap=int(k)) for ref, k in zip(refs, out["K"])]
     out["proposer"] = [a for a, _ in names]
