@@ -366,3 +366,19 @@ def test_every_run_writes_into_its_figures_dir_only(notebook_runs):
         assert any(n.startswith(r.notebook) for n in names), r.name
     assert np.all([p.stat().st_size > 0 for p in figs.iterdir()])
     assert isinstance(pd.read_csv(figs / "05_oracle_bounds.csv"), pd.DataFrame)
+
+
+def test_07_regret_table_adds_up_to_the_policy_steps(notebook_runs):
+    """The regret view (sdlib.sim.policy.regret) of notebook 07: per cell the categories' shares add up to 1, no
+    regret exceeds its steps' time, and the calibration summary is the table's drafted steps pooled."""
+    rt = notebook_runs.csv("07_online_policy", "07_online_policy__regret.csv")
+    cal = notebook_runs.csv("07_online_policy", "07_online_policy__regret_calibration.csv")
+    cell = ["cost_model", "dataset", "batch_size", "policy"]
+    np.testing.assert_allclose(rt.groupby(cell).share_of_regret.sum(), 1.0, rtol=1e-6)
+    assert ((rt.regret_s >= 0) & (rt.regret_s <= rt.seconds)).all()
+    assert set(rt.outcome) <= {"no draft", "first rejected", "partial", "whole"}
+    d = rt[rt.outcome != "no draft"]
+    for (cm, ds, bs, pol, dr), g in d.groupby(cell + ["drafter"]):
+        c = cal[(cal.cost_model == cm) & (cal.dataset == ds) & (cal.batch_size == bs) & (cal.policy == pol) & (cal.drafter == dr)]
+        assert len(c) == 1 and c.steps.iloc[0] == g.steps.sum()
+        assert c.accepted_first.iloc[0] == pytest.approx((g.accepted_first * g.steps).sum() / g.steps.sum(), rel=1e-6)

@@ -198,6 +198,43 @@ def plot_request_losses(rl: pd.DataFrame, cost_model: str, policies: Sequence[st
     return fig
 
 
+def plot_regret(rt: pd.DataFrame, cost_model: str, policy: str, title: str):
+    """Where a policy's time goes against the clairvoyant step (:func:`sdlib.sim.policy.regret.regret_table`): per
+    dataset (panels) and batch size (x), its regret as a share of its time, stacked by the step's drafter and
+    outcome; the number over each n-gram / EAGLE-3 block of a bar is the policy's mean predicted acceptance of the
+    first draft at the steps whose first draft was rejected (how sure it was where it lost)."""
+    # deferred: matplotlib loads slowly, and only the figures need it
+    import matplotlib
+
+    d = rt[(rt.cost_model == cost_model) & (rt.policy == policy)]
+    ds = list(dict.fromkeys(d["dataset"]))
+    bss = sorted(d["batch_size"].unique())
+    cats = [(dr, o) for dr in ("ngram", "eagle3", "none") for o in ("first rejected", "partial", "whole", "no draft")
+            if ((d.drafter == dr) & (d.outcome == o)).any()]
+    colors = {"ngram": "Oranges", "eagle3": "Blues", "none": "Greys"}
+    fig, axes = new_figure(1, max(len(ds), 1), width=3.4, height=3.6, sharey=True)
+    for ax, name in zip(axes[0], ds):
+        g = d[d.dataset == name]
+        bottom = np.zeros(len(bss))
+        for i, (dr, o) in enumerate(cats):
+            sel = g[(g.drafter == dr) & (g.outcome == o)].set_index("batch_size").reindex(bss)
+            total = g.groupby("batch_size").seconds.sum().reindex(bss).to_numpy()
+            h = np.nan_to_num(sel["regret_s"].to_numpy() / total)
+            shade = matplotlib.colormaps[colors[dr]](0.85 - 0.2 * ("first rejected", "partial", "whole", "no draft").index(o))
+            ax.bar(np.arange(len(bss)), h, bottom=bottom, color=shade, edgecolor="white", lw=0.5,
+                   label=f"{dr}: {o}" if name == ds[0] else None)
+            if o == "first rejected":
+                for x, (hh, b, p) in enumerate(zip(h, bottom, sel["predicted_first"].to_numpy())):
+                    if hh > 0.004 and np.isfinite(p):
+                        ax.text(x, b + hh / 2, f"{p:.2f}", ha="center", va="center", fontsize=6)
+            bottom += h
+        ax.set_xticks(np.arange(len(bss)), [str(b) for b in bss])
+        ax.set(title=name, xlabel="batch size", ylabel="regret / policy's time" if name == ds[0] else "")
+    fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=7)
+    fig.suptitle(title, fontsize=9, y=1.08)
+    return fig
+
+
 def plot_confidence_stop(arms: pd.DataFrame, ratios: pd.DataFrame, reference: str, title: str):
     """The confidence stop measured in vLLM (:func:`sdlib.analysis.confidence_stop.cut_tables`): per arm, the
     drafts verified per step and the acceptance rate (95% bootstrap over prompts), then each arm's decode rate

@@ -284,6 +284,15 @@ class OnlineWithConfidence(OnlinePolicy):
             length[m], eagle_n[m] = proposed, drafted + 1.0 + catch_up
         return drafter, length, length, eagle, ngram, eagle_n
 
+    def first_draft_acceptance(self, inp: PolicyInputs, lanes: Lanes, drafter: np.ndarray) -> np.ndarray:
+        """As the online policy's, with EAGLE-3's first draft from the head's calibrated confidence, as its
+        length is stopped."""
+        out = super().first_draft_acceptance(inp, lanes, drafter)
+        m = drafter == EAGLE
+        if m.any():
+            out[m] = self.calibration(inp, lanes.req[m], lanes.flat[m])[:, 0]
+        return out
+
 
 def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None,
                      K: Optional[int] = None) -> list:

@@ -268,6 +268,19 @@ class OnlinePolicy(Policy):
         observe_acceptance(inp, lanes, decision[0], decision[1], gain, self.pool)
         lanes.state["gained"] = lanes.state["gained"] + gain
 
+    def first_draft_acceptance(self, inp: PolicyInputs, lanes: Lanes, drafter: np.ndarray) -> np.ndarray:
+        """Per lane, right after :meth:`decide` (before :meth:`observe`): the predicted probability that the first
+        draft of the chosen ``drafter`` is accepted, from the state the decision saw (nan where nothing is drafted;
+        :mod:`sdlib.sim.policy.regret` reads it)."""
+        out = np.full(lanes.req.size, np.nan)
+        which = self._static["which"][lanes.req]
+        dyn = dynamic_features(lanes.state).astype(np.float32)
+        for code, name in ((NGRAM, "ngram"), (EAGLE, "eagle3")):
+            m = drafter == code
+            if m.any():
+                out[m] = self._expected(lanes.flat[m], which[m], dyn[m], name)[:, 1] - 1.0
+        return out
+
 
 def models_to_dict(models: dict) -> dict:
     return {"features": list(FEATURES), **{d: m.to_dict() for d, m in models.items()}}
