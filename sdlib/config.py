@@ -421,6 +421,12 @@ class Cell:
     warmup_tokens: Optional[StrictInt] = None  # warm-up requests' output length (None: the workload's)
     engine_name: Optional[str] = None  # the engine the cell runs on (default: the method's; A/A twins share)
 
+    @property
+    def part_key(self) -> tuple:
+        """(model, dataset, batch size, engine start, repeat): which comparison block the cell belongs to (its
+        first three) and which part of it (:func:`in_blocks`)."""
+        return (self.model.name, self.workload.label, self.batch_size, self.start, self.repeat)
+
     def key(self) -> dict[str, Any]:
         """Everything that defines the cell's result (hashed into run_id)."""
         key = {
@@ -472,6 +478,13 @@ class Cell:
         only in ``replay`` share their engine, an A/A twin shares its method's."""
         name = self.engine_name or (self.method.engine_label if self.method.shares_engine else self.method.label)
         return (self.model.name, name, self.start)
+
+
+def in_blocks(key: tuple, blocks) -> bool:
+    """Whether a cell's :attr:`Cell.part_key` lies in one of ``blocks``: whole comparison blocks (model, dataset,
+    batch size) or parts of one (the same followed by the engine start, then the repeat: ``sdlib.run.budget``
+    takes a block too large for a budget in such parts)."""
+    return any(tuple(key[:n]) in blocks for n in (3, 4, 5))
 
 
 @dataclass(config=_STRICT)

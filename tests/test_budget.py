@@ -278,3 +278,49 @@ def test_engine_starts_and_aa_twins_share_blocks():
     block = bp.cells[bp.cells["block"] == ("m", "gsm8k", 1)]
     # every arm (4 labels) x 2 repeats x 2 engine starts
     assert len(block) == 4 * 2 * 2 and set(block["method_label"]) >= {"eagle3-aa", "eagle3-k2"}
+
+
+def test_a_block_too_large_for_the_budget_is_taken_in_parts():
+    """A block that alone exceeds the budget is split by engine start, then by (start, repeat); every part holds
+    every arm at its start (and repeat); a block that fits alone is never split."""
+    from sdlib.config import in_blocks
+
+    d = sweep_dict(engine_starts=2, order="abba", repeats=2)
+    d["methods"].append({**d["methods"][1], "label": "eagle3-aa", "aa_of": "eagle3-k2"})
+    sw = parse_sweep(d)
+    p = planner()
+    est = p.estimate(sw)
+    whole = budget.select_blocks(est, p, sw, None)
+    first = whole.blocks.iloc[0]
+    assert first["block"] == ("m", "gsm8k", 1) and first["part"] == ""
+    block_only = budget.select_blocks(est, p, sw, None, only={"datasets": ["gsm8k"], "batch_sizes": [1]})
+    # a budget below the block alone but above one start's part: the block's two starts are its units
+    cells = est.cells[est.cells["block"] == ("m", "gsm8k", 1)]
+    assert set(cells["start"]) == {0, 1}
+    start0 = float(p.group_table(budget._assign_warmups(cells[cells["start"] == 0]))["total_s"].sum())
+    assert start0 < first["alone_s"] == pytest.approx(block_only.total_s)
+    bp = budget.select_blocks(est, p, sw, (start0 + 0.5) / 60)
+    rows = bp.blocks[bp.blocks["dataset"] == "gsm8k"]
+    assert list(rows[rows["batch_size"] == 1]["block"]) == [("m", "gsm8k", 1, 0), ("m", "gsm8k", 1, 1)]
+    assert ("m", "gsm8k", 1, 0) in bp.selected
+    part = bp.cells[bp.cells["block"] == ("m", "gsm8k", 1)]
+    assert set(part["start"]) == {0} and set(part["repeat"]) == {0, 1}
+    assert set(part["method_label"]) == set(cells["method_label"])  # every arm, the A/A twin and no SD included
+    assert bp.total_s <= start0 + 0.5 + 1e-9
+    # tighter: one (start, repeat) cluster per part
+    r0 = cells[(cells["start"] == 0) & (cells["repeat"] == 0)]
+    cluster = float(p.group_table(budget._assign_warmups(r0))["total_s"].sum())
+    tight = budget.select_blocks(est, p, sw, (cluster + 0.1) / 60)
+    assert tight.blocks.iloc[0]["block"] == ("m", "gsm8k", 1, 0, 0) and tight.blocks.iloc[0]["part"] == "start 0 repeat 0"
+    got = tight.cells[tight.cells["block"] == ("m", "gsm8k", 1)]
+    assert set(zip(got["start"], got["repeat"])) == {(0, 0)} and set(got["method_label"]) == set(cells["method_label"])
+    # a block that fits alone is not split, even where it no longer fits next to the blocks already taken
+    roomy = budget.select_blocks(est, p, sw, (first["alone_s"] + 0.5) / 60)
+    assert all(len(b) == 3 for b in roomy.blocks["block"])
+    # the runner's filter: whole blocks and parts
+    keys = {("m", "gsm8k", 1, 0), ("m", "sharegpt", 4)}
+    assert in_blocks(("m", "gsm8k", 1, 0, 1), keys) and not in_blocks(("m", "gsm8k", 1, 1, 0), keys)
+    assert in_blocks(("m", "sharegpt", 4, 1, 1), keys) and not in_blocks(("m", "sharegpt", 1, 0, 0), keys)
+    c = next(c for c in sw.cells() if c.start == 1)
+    assert c.part_key == ("m", c.workload.label, c.batch_size, 1, c.repeat)
+    assert "parts" in budget.format_plan(bp, sw)

@@ -211,6 +211,9 @@ class SweepCommand(SweepFileCommand):
             if only is None:
                 return 0
         if self.dry_run:
+            # deferred: sdlib.config loads pydantic, and the command's module stays light
+            from sdlib.config import in_blocks
+
             preflight(sweep)
             groups = plan(sweep, SweepStore(sweep.out_dir), retry_failed=not self.skip_failed)
             n = 0
@@ -219,8 +222,7 @@ class SweepCommand(SweepFileCommand):
                                               or c.method.name in methods)
                          and (not only.get("batch_sizes") or c.batch_size in only["batch_sizes"])
                          and (not only.get("datasets") or c.workload.label in only["datasets"])
-                         and ("blocks" not in only
-                              or (c.model.name, c.workload.label, c.batch_size) in only["blocks"])]
+                         and ("blocks" not in only or in_blocks(c.part_key, only["blocks"]))]
                 if not cells:
                     continue
                 n += len(cells)
@@ -284,7 +286,7 @@ class SweepCommand(SweepFileCommand):
                              f"{bp.blocks['alone_s'].min() / 60:.1f} min; sdlib plan {self.config} shows them)")
         left = bp.blocks[~bp.blocks["selected"]]
         print(f"plan: {len(chosen)} of {len(bp.blocks)} block(s), {bp.total_s / 60:.1f} of {plan_minutes:g} min "
-              f"estimated" + (f"; left for later: {', '.join(f'{r.dataset}:{r.batch_size}' for r in left.itertuples())}"
+              f"estimated" + (f"; left for later: {', '.join(f'{r.dataset}:{r.batch_size}' + (f' ({r.part})' if r.part else '') for r in left.itertuples())}"
                               if len(left) else ""), file=sys.stderr)
         return {**only, "blocks": chosen}
 

@@ -47,6 +47,14 @@ a block is added when the total still fits: its cells plus the engine starts (an
 blocks already taken do not, each engine start counted once. Cells already in the results folder cost nothing
 (a resumed sweep skips them).
 
+A block that alone exceeds the budget could never run whole, so it is taken in **parts** (:func:`block_parts`):
+one engine start of every arm, ``(model, dataset, batch size, start)``, and where one start alone still exceeds
+the budget, one (engine start, repeat) of every arm, ``(..., start, repeat)``. A part holds every arm of the
+block at that start (and repeat), the no-SD baseline and the A/A twin included, so its comparisons are complete
+and paired within it; a budget cut short leaves whole parts. The parts of one block then run on different
+machines: the powered analysis's clusters are (engine start, repeat) (:mod:`sdlib.analysis.powered`), so a
+machine's own variance enters the interval as an engine start's does. A block that fits alone is never split.
+
 Usage:
     sdlib plan configs/h200_online.yaml --from-scratch             # every cell's estimate, per engine and block
     sdlib plan configs/h200_replay.yaml --gpu-minutes 20           # the blocks that fit in 20 GPU-minutes
@@ -67,7 +75,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.config import Cell, ConfigError, SweepConfig, WorkloadConfig, parse_sweep
+from sdlib.config import Cell, ConfigError, SweepConfig, WorkloadConfig, in_blocks, parse_sweep
 from sdlib.core.registry import DRAFTERS, method_spec, replay_ref
 from sdlib.paths import SWEEPS_DIR, resolve
 
@@ -758,12 +766,20 @@ def select_blocks(est: SweepEstimate, planner: Planner, sweep: SweepConfig, minu
     budget = None if minutes is None else 60.0 * minutes
     taken: list = []
     total, rows = 0.0, []
+    full = todo.apply(lambda r: (*r["block"], int(r["start"]), int(r["repeat"])), axis=1) if len(todo) else todo["block"]
 
-    def cost(blocks) -> float:
-        sel = todo[todo["block"].isin(set(blocks))] if blocks else todo.iloc[:0]
+    def members(keys) -> pd.Series:
+        keys = set(keys)
+        return full.map(lambda k: in_blocks(k, keys)) if len(todo) else todo["block"].astype(bool)
+
+    def cost(keys) -> float:
+        sel = todo[members(keys)] if keys else todo.iloc[:0]
         return float(planner.group_table(_assign_warmups(sel))["total_s"].sum()) if len(sel) else 0.0
 
+    units = []
     for b in order:
+        units += block_parts(todo[todo["block"] == b], b, cost, budget)
+    for b in units:
         alone = cost([b])
         with_it = cost(taken + [b])
         ok = budget is None or with_it <= budget + 1e-9
@@ -772,12 +788,33 @@ def select_blocks(est: SweepEstimate, planner: Planner, sweep: SweepConfig, minu
             added, total = with_it - total, with_it
         else:
             added = with_it - total
-        rows.append({"block": b, "model": b[0], "dataset": b[1], "batch_size": b[2],
-                     "cells": int((todo["block"] == b).sum()), "alone_s": alone, "added_s": added, "selected": ok})
-    sel = _assign_warmups(todo[todo["block"].isin(set(taken))])
-    return BudgetPlan(est, pd.DataFrame(rows, columns=["block", "model", "dataset", "batch_size", "cells", "alone_s",
-                                                        "added_s", "selected"]),
+        rows.append({"block": b, "model": b[0], "dataset": b[1], "batch_size": b[2], "part": part_label(b),
+                     "cells": int(members([b]).sum()), "alone_s": alone, "added_s": added, "selected": ok})
+    sel = _assign_warmups(todo[members(taken)]) if taken else todo.iloc[:0]
+    return BudgetPlan(est, pd.DataFrame(rows, columns=["block", "model", "dataset", "batch_size", "part", "cells",
+                                                        "alone_s", "added_s", "selected"]),
                       planner.group_table(sel), sel, total, budget)
+
+
+def part_label(key: tuple) -> str:
+    """``""`` for a whole block, ``start S`` or ``start S repeat R`` for a part of one."""
+    return " ".join(f"{w} {v}" for w, v in zip(("start", "repeat"), key[3:]))
+
+
+def block_parts(cells: pd.DataFrame, block: tuple, cost, budget: Optional[float]) -> list:
+    """The units ``block`` is taken in (module docstring): itself when it fits ``budget`` alone (or there is no
+    budget), else one part per engine start, each split further by repeat where it alone still does not fit.
+    ``cells``: the block's cells to run; ``cost(keys)``: seconds of running those keys alone."""
+    if budget is None or cost([block]) <= budget + 1e-9:
+        return [block]
+    out = []
+    for s in sorted(cells["start"].unique()):
+        k = (*block, int(s))
+        if cost([k]) <= budget + 1e-9:
+            out.append(k)
+        else:
+            out += [(*k, int(r)) for r in sorted(cells.loc[cells["start"] == s, "repeat"].unique())]
+    return out
 
 
 def plan_budget(sweep: SweepConfig, store=None, minutes: Optional[float] = None, priority: Optional[str] = None,
@@ -826,11 +863,18 @@ def format_plan(bp: BudgetPlan, sweep: SweepConfig, config_arg: str = "CONFIG", 
                      f"{r.process_s / 60:6.2f}  {r.warmup_s / 60:7.2f}  {r.cells_s / 60:5.2f}  {r.total_s / 60:5.2f}")
     lines.append("")
     b = bp.blocks
-    wb = max(36, *(len(f"{r.model} / {r.dataset} / bs{r.batch_size}") for r in b.itertuples()))
+
+    def name(r) -> str:
+        return f"{r.model} / {r.dataset} / bs{r.batch_size}" + (f" / {r.part}" if r.part else "")
+
+    wb = max(36, *(len(name(r)) for r in b.itertuples()))
     lines.append(f"  {'block: model / dataset / batch size':<{wb}}  cells  alone  added  (minutes; + taken, - left out)")
     for r in b.itertuples():
-        lines.append(f"{'+' if r.selected else '-'} {f'{r.model} / {r.dataset} / bs{r.batch_size}':<{wb}}  "
+        lines.append(f"{'+' if r.selected else '-'} {name(r):<{wb}}  "
                      f"{r.cells:5d}  {r.alone_s / 60:5.2f}  {r.added_s / 60:5.2f}")
+    if (b["part"] != "").any():
+        lines.append("  (a block that alone exceeds the budget is taken in parts: every arm at one engine start, or one "
+                     "start and repeat)")
     gpu_min = float(sum(r.total_s * _gpus(tp, r.model) for r in g.itertuples())) / 60
     lines.append("")
     lines.append(f"total: {bp.total_s / 60:.1f} min on the machine ({gpu_min:.1f} GPU-min, {gpu_min / 60:.2f} GPU-h): "
@@ -840,7 +884,8 @@ def format_plan(bp: BudgetPlan, sweep: SweepConfig, config_arg: str = "CONFIG", 
     out = b[~b["selected"]]
     if len(out):
         lines.append(f"left out: {len(out)} block(s), {out['alone_s'].sum() / 60:.1f} min alone: "
-                     + ", ".join(f"{r.dataset}:{r.batch_size}" for r in out.itertuples()))
+                     + ", ".join(f"{r.dataset}:{r.batch_size}" + (f" ({r.part})" if r.part else "")
+                                 for r in out.itertuples()))
     if bp.budget_s is not None:
         pri = f" --priority {priority}" if priority else ""
         lines.append(f"run them: sdlib sweep {config_arg} --plan-minutes {bp.budget_s / 60:g}{pri} (done cells are "

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
-from sdlib.config import ConfigError, SweepConfig, load_sweep, parse_sweep
+from sdlib.config import ConfigError, SweepConfig, in_blocks, load_sweep, parse_sweep
 from sdlib.run.groups import _child_env, _on_sigterm, _orphans, begin_invocation, end_invocation, run_group
 from sdlib.run.inputs import check_inputs, record_inputs
 from sdlib.run.plan import plan
@@ -90,7 +90,7 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
             bs, ds, blocks = only.get("batch_sizes"), only.get("datasets"), only.get("blocks")
             groups = OrderedDict((g, [c for c in cs if (not bs or c.batch_size in bs)
                                       and (not ds or c.workload.label in ds)
-                                      and (blocks is None or (c.model.name, c.workload.label, c.batch_size) in blocks)])
+                                      and (blocks is None or in_blocks(c.part_key, blocks))])
                                  for g, cs in groups.items())
             groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
         planned = [c.run_id for cs in groups.values() for c in cs]
