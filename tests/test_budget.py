@@ -324,3 +324,17 @@ def test_a_block_too_large_for_the_budget_is_taken_in_parts():
     c = next(c for c in sw.cells() if c.start == 1)
     assert c.part_key == ("m", c.workload.label, c.batch_size, 1, c.repeat)
     assert "parts" in budget.format_plan(bp, sw)
+
+
+@pytest.mark.parametrize("starts, repeats, want", [(1, 2, [("m", "gsm8k", 1, 0, 0), ("m", "gsm8k", 1, 0, 1)]),
+                                                   (2, 1, [("m", "gsm8k", 1, 0), ("m", "gsm8k", 1, 1)])])
+def test_parts_split_only_what_can_be_split(starts, repeats, want):
+    """One engine start: the parts are its repeats; one repeat: its engine starts."""
+    sw = parse_sweep(sweep_dict(engine_starts=starts, repeats=repeats, **({"order": "abba"} if starts > 1 else {})))
+    p = planner()
+    est = p.estimate(sw)
+    cells = est.cells[est.cells["block"] == ("m", "gsm8k", 1)]
+    one = cells[(cells["start"] == 0) & (cells["repeat"] == 0)]
+    budget_min = (float(p.group_table(budget._assign_warmups(one))["total_s"].sum()) + 0.1) / 60
+    bp = budget.select_blocks(est, p, sw, budget_min, only={"datasets": ["gsm8k"], "batch_sizes": [1]})
+    assert list(bp.blocks["block"]) == want

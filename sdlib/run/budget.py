@@ -807,13 +807,17 @@ def block_parts(cells: pd.DataFrame, block: tuple, cost, budget: Optional[float]
     ``cells``: the block's cells to run; ``cost(keys)``: seconds of running those keys alone."""
     if budget is None or cost([block]) <= budget + 1e-9:
         return [block]
+    starts = sorted(int(s) for s in cells["start"].unique())
     out = []
-    for s in sorted(cells["start"].unique()):
-        k = (*block, int(s))
-        if cost([k]) <= budget + 1e-9:
+    for s in starts:
+        k = (*block, s)
+        reps = sorted(int(r) for r in cells.loc[cells["start"] == s, "repeat"].unique())
+        if len(reps) > 1 and (len(starts) == 1 or cost([k]) > budget + 1e-9):  # a start is the block, or too large
+            out += [(*k, r) for r in reps]
+        elif len(starts) > 1:
             out.append(k)
-        else:
-            out += [(*k, int(r)) for r in sorted(cells.loc[cells["start"] == s, "repeat"].unique())]
+        else:  # one start, one repeat: nothing smaller to take
+            out.append(block)
     return out
 
 
