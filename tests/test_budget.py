@@ -338,3 +338,35 @@ def test_parts_split_only_what_can_be_split(starts, repeats, want):
     budget_min = (float(p.group_table(budget._assign_warmups(one))["total_s"].sum()) + 0.1) / 60
     bp = budget.select_blocks(est, p, sw, budget_min, only={"datasets": ["gsm8k"], "batch_sizes": [1]})
     assert list(bp.blocks["block"]) == want
+
+
+def test_a_retried_cell_does_not_crowd_out_the_next_start():
+    """A split block whose start 0 is done but for one failed cell (retried): its start 1, the larger part, comes
+    first, so the leftover cell does not take the room start 1 needs (review of 2026-12-05)."""
+    d = sweep_dict(engine_starts=2, order="abba", repeats=2)
+    sw = parse_sweep(d)
+    p = planner()
+    cells = sw.cells()
+    block = [c for c in cells if (c.workload.label, c.batch_size) == ("gsm8k", 1)]
+    left = next(c for c in block if c.start == 0 and c.method.name == "eagle3")
+    done = {c.run_id for c in cells if c not in block} | {c.run_id for c in block if c.start == 0 and c is not left}
+    est = p.estimate(sw, _Store(done))
+    todo = est.cells[~est.cells["done"]]
+    start1 = float(p.group_table(budget._assign_warmups(todo[todo["start"] == 1]))["total_s"].sum())
+    whole = float(p.group_table(budget._assign_warmups(todo))["total_s"].sum())
+    assert start1 < whole
+    bp = budget.select_blocks(est, p, sw, (start1 + (whole - start1) / 2) / 60)
+    assert list(bp.blocks["block"]) == [("m", "gsm8k", 1, 1), ("m", "gsm8k", 1, 0)]
+    assert bp.selected == {("m", "gsm8k", 1, 1)}
+
+
+def test_every_selection_pays_its_warm_ups():
+    """A block priced alone pays the warm-ups of its (engine, batch size) keys even where another block's cells come
+    first in the sweep (warmup_scope: batch_size; review of 2026-12-05)."""
+    sw = parse_sweep(sweep_dict())
+    p = planner()
+    est = p.estimate(sw)
+    for b in [("m", "gsm8k", 1), ("m", "sharegpt", 1)]:
+        sel = budget._assign_warmups(est.cells[est.cells["block"] == b])
+        first = sel.drop_duplicates("warm_key")
+        assert (first["warmup_s"] > 0).all() and first["warmup_s"].tolist() == first["warmup_each_s"].tolist()

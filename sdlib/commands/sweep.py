@@ -177,8 +177,9 @@ class SweepCommand(SweepFileCommand):
         parser.add_argument("--skip-failed", action="store_true", help="do not retry cells that failed before")
         parser.add_argument("--strict", action="store_true", help="exit 1 if any cell failed")
         parser.add_argument("--plan-minutes", metavar="N",
-                            help="run only the whole blocks (model, dataset, batch size: every arm) that sdlib plan "
-                            "--gpu-minutes N selects; done cells are skipped, so rerunning takes the next blocks")
+                            help="run only the blocks (model, dataset, batch size: every arm; one too large for N in "
+                            "parts, every arm at one engine start) that sdlib plan --gpu-minutes N selects; done cells "
+                            "are skipped, so rerunning takes the next ones")
         parser.add_argument("--priority",
                             help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
         parser.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")

@@ -395,8 +395,8 @@ class Planner:
                          "model_key": model_key(c.model), "dataset": c.workload.label,
                          "batch_size": c.batch_size, "repeat": c.repeat, "block": (c.model.name, c.workload.label,
                                                                                    c.batch_size),
-                         "warm_key": warm_key, **r, "overhead_s": self.cal.cell_overhead_s,
-                         "done": c.run_id in done})
+                         "warm_key": warm_key, **r, "warmup_each_s": r["warmup_s"],
+                         "overhead_s": self.cal.cell_overhead_s, "done": c.run_id in done})
         cells = pd.DataFrame(rows)
         cells = _assign_warmups(cells)
         est = SweepEstimate(sweep.name, cells, pd.DataFrame(), self.cal, self.device, self.vllm_version,
@@ -427,10 +427,13 @@ class Planner:
 
 
 def _assign_warmups(cells: pd.DataFrame) -> pd.DataFrame:
-    """A cell's ``warmup_s`` stays only on the first cell of its warm-up key (once per engine and batch size with
-    ``warmup_scope: batch_size``); ``est_s`` = warm-up + window + overhead."""
+    """A cell's warm-up (``warmup_each_s``, where the table has it: what the cell would pay as the first of its
+    key) stays only on the first cell of its warm-up key among ``cells`` (once per engine and batch size with
+    ``warmup_scope: batch_size``): any selection of cells pays each of its keys once; ``est_s`` = warm-up +
+    window + overhead."""
     first = ~cells.duplicated("warm_key")
-    cells = cells.assign(warmup_s=cells["warmup_s"].where(first, 0.0))
+    each = cells["warmup_each_s"] if "warmup_each_s" in cells else cells["warmup_s"]
+    cells = cells.assign(warmup_s=each.where(first, 0.0))
     return cells.assign(est_s=cells["warmup_s"] + cells["window_s"] + cells["overhead_s"])
 
 
@@ -753,9 +756,9 @@ class BudgetPlan:
 
 def select_blocks(est: SweepEstimate, planner: Planner, sweep: SweepConfig, minutes: Optional[float] = None,
                   priority: Optional[list] = None, only: Optional[dict] = None) -> BudgetPlan:
-    """Whole blocks in priority order, each taken if the total (cells + the engine starts and warm-ups not yet
-    paid) still fits in ``minutes`` (None: every block); ``only``: ``datasets`` / ``batch_sizes`` that may be
-    taken."""
+    """Whole blocks in priority order (a block that alone exceeds the budget in parts: :func:`block_parts`), each
+    taken if the total (cells + the engine starts and warm-ups not yet paid) still fits in ``minutes`` (None: every
+    block); ``only``: ``datasets`` / ``batch_sizes`` that may be taken."""
     if minutes is not None and (not math.isfinite(minutes) or minutes < 0):
         raise ConfigError(f"--gpu-minutes: expected a number >= 0, got {minutes}")
     todo = est.cells[~est.cells["done"]]
@@ -803,8 +806,8 @@ def part_label(key: tuple) -> str:
 
 def block_parts(cells: pd.DataFrame, block: tuple, cost, budget: Optional[float]) -> list:
     """The units ``block`` is taken in (module docstring): itself when it fits ``budget`` alone (or there is no
-    budget), else one part per engine start, each split further by repeat where it alone still does not fit.
-    ``cells``: the block's cells to run; ``cost(keys)``: seconds of running those keys alone."""
+    budget), else one part per engine start, each split further by repeat where it alone still does not fit; the
+    parts largest first. ``cells``: the block's cells to run; ``cost(keys)``: seconds of running those keys alone."""
     if budget is None or cost([block]) <= budget + 1e-9:
         return [block]
     starts = sorted(int(s) for s in cells["start"].unique())
@@ -818,7 +821,9 @@ def block_parts(cells: pd.DataFrame, block: tuple, cost, budget: Optional[float]
             out.append(k)
         else:  # one start, one repeat: nothing smaller to take
             out.append(block)
-    return out
+    # largest first: a part left over from a retried cell (one cell of a start otherwise done) must not take the
+    # session's room before a start that has not run yet, and never fit beside it
+    return sorted(out, key=lambda k: -cost([k]))
 
 
 def plan_budget(sweep: SweepConfig, store=None, minutes: Optional[float] = None, priority: Optional[str] = None,

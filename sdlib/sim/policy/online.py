@@ -270,7 +270,7 @@ class OnlinePolicy(Policy):
 
     def first_draft_acceptance(self, inp: PolicyInputs, lanes: Lanes, drafter: np.ndarray) -> np.ndarray:
         """Per lane, right after :meth:`decide` (before :meth:`observe`): the predicted probability that the first
-        draft of the chosen ``drafter`` is accepted, from the state the decision saw (nan where nothing is drafted;
+        draft of the chosen ``drafter`` is accepted, from the state the decision saw (nan where the drafter is none;
         :mod:`sdlib.sim.policy.regret` reads it)."""
         out = np.full(lanes.req.size, np.nan)
         which = self._static["which"][lanes.req]

@@ -18,7 +18,9 @@ Each step gets an ``outcome``: ``no draft`` (a plain decode step), ``first rejec
 draft was rejected), ``partial`` (some drafts accepted, not all) or ``whole`` (every draft accepted); and the
 policy's own predicted acceptance of its first draft as it decided (``predicted_first``:
 :meth:`sdlib.sim.policy.online.OnlinePolicy.first_draft_acceptance`), beside how often it was accepted
-(``accepted_first``). Where a category holds much of the regret and its ``predicted_first`` is high, the policy
+(``accepted_first``; both only at steps that drafted: a confidence stop at 0 drafts nothing). For EAGLE-3 the
+prediction is the head's calibrated confidence, read after the drafter was chosen from the predictor's expected
+gains. Where a category holds much of the regret and its ``predicted_first`` is high, the policy
 drafted where it expected its draft to be accepted: the loss is in what it could not see, not in how it weighed
 what it saw.
 
@@ -56,7 +58,9 @@ class Recording(Policy):
     def decide(self, inp, lanes):
         d = self.inner.decide(inp, lanes)
         self.cfg.append(lanes.cfg.copy())
-        self.predicted.append(self.inner.first_draft_acceptance(inp, lanes, np.asarray(d[0])))
+        pred = self.inner.first_draft_acceptance(inp, lanes, np.asarray(d[0]))
+        pred[np.broadcast_to(np.asarray(d[1]), pred.shape) == 0] = np.nan  # drafted nothing (a confidence stop at 0)
+        self.predicted.append(pred)
         return d
 
     def observe(self, inp, lanes, decision, gain):
@@ -119,7 +123,8 @@ def step_regret(inp: PolicyInputs, st: PolicySteps, cm, B: int) -> pd.DataFrame:
     outcome = np.where(drafted == 0, 0, np.where(st.gain == 1, 1, np.where(st.gain < st.n_i, 2, 3)))
     return pd.DataFrame({"dataset": inp.prep.dataset[st.req], "req": st.req, "pos": st.pos,
                          "drafter": [DRAFTER_NAMES[int(d)] for d in st.drafter], "drafted": drafted, "gained": st.gain,
-                         "seconds": t * st.weight, "best_rate": r, "regret_s": (t - st.gain / r) * st.weight,
+                         "seconds": t * st.weight, "best_rate": r,
+                         "regret_s": np.maximum(t - st.gain / r, 0.0) * st.weight,  # >= 0 but for rounding (1e-16)
                          "outcome": np.asarray(OUTCOMES, dtype=object)[outcome]})
 
 
@@ -128,6 +133,8 @@ def regret_table(inp: PolicyInputs, policies: dict, configs: Sequence[tuple]) ->
     category's share of the cell's regret, the cell's regret as a share of its time (``cell_regret_share``), and
     the policy's mean predicted acceptance of the first draft against how often it was accepted
     (module docstring). ``policies``: {name: policy instance built for ``configs``}."""
+    if not policies:
+        raise ValueError("regret_table: no policies (regret_policies builds them)")
     rows = []
     for name, pol in policies.items():
         rec = Recording(pol)
@@ -146,7 +153,7 @@ def regret_table(inp: PolicyInputs, policies: dict, configs: Sequence[tuple]) ->
                 rows.append(agg.assign(cost_model=cm.name, dataset=ds, batch_size=int(B), policy=name))
     out = pd.concat(rows, ignore_index=True)
     order = {o: i for i, o in enumerate(OUTCOMES)}
-    out = out.sort_values(["cost_model", "dataset", "batch_size", "policy", "drafter"],
+    out = out.sort_values(["cost_model", "dataset", "batch_size", "policy", "drafter", "outcome"],
                           key=lambda c: c.map(order) if c.name == "outcome" else c, kind="stable")
     return out[["cost_model", "dataset", "batch_size", "policy", "drafter", "outcome", "steps", "seconds", "regret_s",
                 "share_of_regret", "cell_regret_share", "predicted_first", "accepted_first"]].reset_index(drop=True)
