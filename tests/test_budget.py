@@ -178,9 +178,13 @@ def test_resume_skips_done_cells():
 def test_blocks_and_priority_parse_errors():
     sw = parse_sweep(sweep_dict())
     assert budget.parse_blocks("gsm8k:4, m/sharegpt:1", sw) == {("m", "gsm8k", 4), ("m", "sharegpt", 1)}
-    for text in ("nope:1", "gsm8k:3", "gsm8k", "x/gsm8k:1"):
+    for text in ("nope:1", "gsm8k:3", "gsm8k", "x/gsm8k:1", "gsm8k:4@1", "gsm8k:4@x", "gsm8k:4@0.0.0"):
         with pytest.raises(ConfigError):
             budget.parse_blocks(text, sw)
+    two = parse_sweep(sweep_dict(engine_starts=2, order="abba", repeats=2))
+    assert budget.parse_blocks("gsm8k:4@1, m/sharegpt:1@0.1", two) == {("m", "gsm8k", 4, 1), ("m", "sharegpt", 1, 0, 1)}
+    with pytest.raises(ConfigError, match="repeat 2"):
+        budget.parse_blocks("gsm8k:4@0.2", two)
     for text in ("nope", "gsm8k:3", "7"):
         with pytest.raises(ConfigError):
             budget.parse_priority(text, sw)
@@ -370,3 +374,12 @@ def test_every_selection_pays_its_warm_ups():
         sel = budget._assign_warmups(est.cells[est.cells["block"] == b])
         first = sel.drop_duplicates("warm_key")
         assert (first["warmup_s"] > 0).all() and first["warmup_s"].tolist() == first["warmup_each_s"].tolist()
+
+
+def test_sweep_blocks_dry_run_runs_only_that_part(tmp_path, capsys):
+    rc = main(["sweep", str(REPO_ROOT / "configs/embedded_powered.yaml"), "--results-dir", str(tmp_path), "--blocks",
+               "code_edit:1@1", "--dry-run"])
+    assert rc == 0
+    ids = [line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert ids and all("__code_edit__bs1__" in i and "s1__" in i for i in ids)
+    assert len({i.split("__")[1] for i in ids}) == 4  # every arm at that start: no SD, fixed k, its A/A twin, Oracle

@@ -182,7 +182,8 @@ class SweepCommand(SweepFileCommand):
                             "are skipped, so rerunning takes the next ones")
         parser.add_argument("--priority",
                             help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
-        parser.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs)")
+        parser.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs); a part "
+                            "of one: dataset:bs@start or dataset:bs@start.repeat")
         # deferred: sdlib.run.ray_executor loads pandas (its store), and only building this parser needs it
         from sdlib.run.ray_executor import add_executor_arguments
 

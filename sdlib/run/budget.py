@@ -701,18 +701,32 @@ def _check_bs(text: str, sweep: SweepConfig, flag: str) -> int:
 
 def parse_blocks(text: str, sweep: SweepConfig) -> set:
     """``--blocks``: comma list of ``dataset:bs`` (every model) or ``model/dataset:bs`` -> block keys
-    ``(model, dataset, batch size)``."""
+    ``(model, dataset, batch size)``; a part of a block (:func:`block_parts`) as ``dataset:bs@start`` or
+    ``dataset:bs@start.repeat`` -> ``(..., start[, repeat])``."""
     out = set()
     models = [m.name for m in sweep.models]
     for raw in [x.strip() for x in text.split(",") if x.strip()]:
         model, _, rest = raw.rpartition("/")
+        rest, at, part = rest.partition("@")
         ds, sep, bs = rest.partition(":")
         if not sep:
-            raise ConfigError(f"--blocks: {raw!r} is not dataset:batch_size (e.g. gsm8k:32)")
+            raise ConfigError(f"--blocks: {raw!r} is not dataset:batch_size (e.g. gsm8k:32, or gsm8k:32@1 for its "
+                              "engine start 1)")
         if model and model not in models:
             raise ConfigError(f"--blocks: {model!r} is not a model of the config ({', '.join(models)})")
         ds, b = _check_dataset(ds, sweep, "--blocks"), _check_bs(bs, sweep, "--blocks")
-        out |= {(m, ds, b) for m in ([model] if model else models)}
+        tail: tuple = ()
+        if at:
+            nums = part.split(".")
+            if len(nums) > 2 or not all(n.isdigit() for n in nums):
+                raise ConfigError(f"--blocks: {raw!r}: after @ comes an engine start, or start.repeat (e.g. gsm8k:32@1.0)")
+            start, rep = int(nums[0]), (int(nums[1]) if len(nums) > 1 else None)
+            if start >= sweep.engine_starts:
+                raise ConfigError(f"--blocks: {raw!r}: engine start {start}, the config has {sweep.engine_starts} (0-based)")
+            if rep is not None and rep >= sweep.repeats:
+                raise ConfigError(f"--blocks: {raw!r}: repeat {rep}, the config has {sweep.repeats} (0-based)")
+            tail = (start,) if rep is None else (start, rep)
+        out |= {(m, ds, b, *tail) for m in ([model] if model else models)}
     return out
 
 
