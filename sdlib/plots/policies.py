@@ -209,18 +209,19 @@ def plot_regret(rt: pd.DataFrame, cost_model: str, policy: str, title: str):
     d = rt[(rt.cost_model == cost_model) & (rt.policy == policy)]
     ds = list(dict.fromkeys(d["dataset"]))
     bss = sorted(d["batch_size"].unique())
-    cats = [(dr, o) for dr in ("ngram", "eagle3", "none") for o in ("first rejected", "partial", "whole", "no draft")
+    shading = ("first rejected", "partial", "whole", "no draft")  # darkest first
+    cats = [(dr, o) for dr in ("ngram", "eagle3", "none") for o in shading
             if ((d.drafter == dr) & (d.outcome == o)).any()]
     colors = {"ngram": "Oranges", "eagle3": "Blues", "none": "Greys"}
     fig, axes = new_figure(1, max(len(ds), 1), width=3.4, height=3.6, sharey=True)
     for ax, name in zip(axes[0], ds):
         g = d[d.dataset == name]
         bottom = np.zeros(len(bss))
-        for i, (dr, o) in enumerate(cats):
+        total = g.groupby("batch_size").seconds.sum().reindex(bss).to_numpy()
+        for dr, o in cats:
             sel = g[(g.drafter == dr) & (g.outcome == o)].set_index("batch_size").reindex(bss)
-            total = g.groupby("batch_size").seconds.sum().reindex(bss).to_numpy()
             h = np.nan_to_num(sel["regret_s"].to_numpy() / total)
-            shade = matplotlib.colormaps[colors[dr]](0.85 - 0.2 * ("first rejected", "partial", "whole", "no draft").index(o))
+            shade = matplotlib.colormaps[colors[dr]](0.85 - 0.2 * shading.index(o))
             ax.bar(np.arange(len(bss)), h, bottom=bottom, color=shade, edgecolor="white", lw=0.5,
                    label=f"{dr}: {o}" if name == ds[0] else None)
             if o == "first rejected":

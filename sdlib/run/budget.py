@@ -395,6 +395,7 @@ class Planner:
                          "model_key": model_key(c.model), "dataset": c.workload.label,
                          "batch_size": c.batch_size, "repeat": c.repeat, "block": (c.model.name, c.workload.label,
                                                                                    c.batch_size),
+                         "part_key": c.part_key,
                          "warm_key": warm_key, **r, "warmup_each_s": r["warmup_s"],
                          "overhead_s": self.cal.cell_overhead_s, "done": c.run_id in done})
         cells = pd.DataFrame(rows)
@@ -783,11 +784,10 @@ def select_blocks(est: SweepEstimate, planner: Planner, sweep: SweepConfig, minu
     budget = None if minutes is None else 60.0 * minutes
     taken: list = []
     total, rows = 0.0, []
-    full = todo.apply(lambda r: (*r["block"], int(r["start"]), int(r["repeat"])), axis=1) if len(todo) else todo["block"]
 
     def members(keys) -> pd.Series:
         keys = set(keys)
-        return full.map(lambda k: in_blocks(k, keys)) if len(todo) else todo["block"].astype(bool)
+        return todo["part_key"].map(lambda k: in_blocks(k, keys)).astype(bool)
 
     def cost(keys) -> float:
         sel = todo[members(keys)] if keys else todo.iloc[:0]
