@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from sdlib.sim.costmodel import AUTHORS_H100_LLAMA8B
-from sdlib.sim.policy.regret import OUTCOMES, Recording, best_rates, regret_policies, regret_table, step_regret
+from sdlib.sim.policy.regret import OUTCOMES, best_rates, recorded_steps, regret_table, step_regret
+from sdlib.sim.policy.table import policy_steps_at
 from sdlib.sim.policy.select import K_PRICE_MAX, PRICE_MODES
-from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs, position_steps, request_times, walk
+from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, PolicyInputs, position_steps, request_times
 from tests.conftest import toy_cost_model
 from tests.test_policies import toy_engine
 from tests.test_select import tiny
@@ -81,10 +82,9 @@ def test_recording_keeps_the_steps_and_predicts_probabilities(embedded):
     inp, pred, cfg = embedded
     names = ["online", "online-with-confidence", "online-with-agreement"]
     for name in names:
-        plain = walk(inp, regret_policies(inp, pred, [name], cfg)[name], n_configs=len(cfg))
-        rec = Recording(regret_policies(inp, pred, [name], cfg)[name])
-        recorded = walk(inp, rec, n_configs=len(cfg))
-        for a, b, p in zip(plain, recorded, rec.per_config(len(cfg))):
+        plain = policy_steps_at(inp, name, cfg, pred)  # the registered build, nothing recorded
+        recorded, preds = recorded_steps(inp, pred, name, cfg)
+        for a, b, p in zip(plain, recorded, preds):
             for f in ("req", "pos", "n_i", "drafter", "gain", "eagle_n"):
                 np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
             assert p.size == a.req.size
@@ -96,7 +96,7 @@ def test_recording_keeps_the_steps_and_predicts_probabilities(embedded):
 def test_table_adds_up(embedded):
     inp, pred, cfg = embedded
     names = ["online-with-agreement", "online-with-confidence"]
-    tab = regret_table(inp, regret_policies(inp, pred, names, cfg), cfg)
+    tab = regret_table(inp, pred, names, cfg)
     assert set(tab.policy) == set(names) and set(tab.batch_size) == {1, 32}
     cell = ["cost_model", "dataset", "batch_size", "policy"]
     np.testing.assert_allclose(tab.groupby(cell).share_of_regret.sum(), 1.0, rtol=1e-9)
@@ -114,6 +114,14 @@ def test_table_adds_up(embedded):
     d = tab[tab.outcome == "first rejected"]
     assert (d.accepted_first == 0).all()
     assert (tab[tab.outcome.isin(["partial", "whole"])].accepted_first == 1).all()
+
+
+def test_a_policy_that_does_not_say_what_it_predicted_is_refused(embedded):
+    inp, pred, cfg = embedded
+    with pytest.raises(ValueError, match="does not say what it predicted"):
+        recorded_steps(inp, pred, "online-confidence", cfg)
+    with pytest.raises(ValueError, match="takes no recorder"):
+        recorded_steps(inp, pred, "fixed-eagle3-k3", cfg)
 
 
 def test_first_draft_calibration_pools_drafted_steps():

@@ -44,7 +44,7 @@ from sdlib.core.bootstrap import wilson
 from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.sim.policy.confidence import ConfidenceError, OnlineWithConfidence
 from sdlib.sim.policy.features import continuation_agreement
-from sdlib.sim.policy.walk import PolicyInputs, capped, walk
+from sdlib.sim.policy.walk import PolicyInputs, capped, walk, wrapped
 
 NAME = "online-with-agreement"
 #: Classes of an n-gram draft token (see the module docstring), in the offsets' row order.
@@ -191,7 +191,7 @@ def _build(req: BuildRequest, ref: PolicyRef) -> list:
     cms, bss = [c for c, _ in req.configs], [b for _, b in req.configs]
     pol = OnlineWithAgreement(req.predictor.models, cms, bss, req.inputs,
                               model_of_request=req.predictor.model_of_request(), kmax=req.K)
-    return walk(req.inputs, capped(pol, req.K), n_configs=len(req.configs))
+    return walk(req.inputs, capped(wrapped(req.resources, pol), req.K), n_configs=len(req.configs))
 
 
 register_policy(PolicySpec(NAME, "online", _build,

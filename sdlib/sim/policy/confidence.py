@@ -42,7 +42,7 @@ from sdlib.core.bootstrap import wilson
 from sdlib.core.registry import BuildRequest, PolicyRef, PolicySpec, register_policy
 from sdlib.paths import resolve
 from sdlib.sim.policy.online import OnlinePolicy
-from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, capped, price_table, walk
+from sdlib.sim.policy.walk import EAGLE, Lanes, Policy, PolicyInputs, capped, price_table, walk, wrapped
 from sdlib.store.files import sha256_file
 
 CALIBRATED, RAW, WITH_ONLINE = "online-confidence", "online-confidence-raw", "online-with-confidence"
@@ -295,26 +295,28 @@ class OnlineWithConfidence(OnlinePolicy):
 
 
 def confidence_steps(inp: PolicyInputs, name: str, cfg: Sequence[tuple], predictor=None,
-                     K: Optional[int] = None) -> list:
+                     K: Optional[int] = None, resources: Optional[dict] = None) -> list:
     """Steps of a policy of :data:`VARIANTS` at each (cost model, batch size); ``online-with-confidence``
     needs ``predictor`` (the online policy's, :class:`sdlib.sim.policy.training.Predictor`) and may be capped at an
-    engine's ``K`` (a replay: every proposal at most K, EAGLE-3 stopped within its first K drafts)."""
+    engine's ``K`` (a replay: every proposal at most K, EAGLE-3 stopped within its first K drafts).
+    ``resources``: the build request's (its :data:`~sdlib.sim.policy.walk.WRAP` is applied to the policy)."""
     cms, bss = [c for c, _ in cfg], [b for _, b in cfg]
     if name == WITH_ONLINE:
         if predictor is None:
             raise ValueError(f"{name} needs the online policy's predictor")
         pol = OnlineWithConfidence(predictor.models, cms, bss, inp, model_of_request=predictor.model_of_request(),
                                    kmax=K)
-        return walk(inp, capped(pol, K), n_configs=len(cfg))
+        return walk(inp, capped(wrapped(resources or {}, pol), K), n_configs=len(cfg))
     if K is not None:
         raise ValueError(f"{name}: no engine replay (simulation only)")
-    return walk(inp, ConfidencePolicy(cms, bss, inp, variant=name), n_configs=len(cfg))
+    return walk(inp, wrapped(resources or {}, ConfidencePolicy(cms, bss, inp, variant=name)), n_configs=len(cfg))
 
 
 def _build(req: BuildRequest, ref: PolicyRef) -> list:
     if "conf_eagle" not in req.inputs.extra:
         raise ConfidenceError(f"{ref.label} needs the requests' draft confidences (attach_confidences)")
-    return confidence_steps(req.inputs, ref.name, [tuple(c) for c in req.configs], req.predictor, req.K)
+    return confidence_steps(req.inputs, ref.name, [tuple(c) for c in req.configs], req.predictor, req.K,
+                            req.resources)
 
 
 _SOURCE = "EAGLE-3's length stopped on the head's own confidence (sdlib.sim.policy.confidence)"

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sdlib.core.registry import KMAX, BuildRequest, PolicyRef, PolicySpec, register_policy
-from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, Lanes, Policy, PolicyInputs, capped, price_table, walk
+from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, Lanes, Policy, PolicyInputs, capped, price_table, walk, wrapped
 from sdlib.sim.policy.predictor import FEATURES, HazardModel
 
 #: Decay of the per-request acceptance estimates per observation (fast and slow), and their prior
@@ -301,7 +301,7 @@ def _online_build(variant: str, at_k: bool = False):
         pol = OnlinePolicy(pred.models, [c for c, _ in req.configs], [b for _, b in req.configs], variant=variant,
                            model_of_request=pred.model_of_request(), kmax=inp.kmax if req.K is None else req.K,
                            engine_k=req.K if at_k else None)
-        return walk(inp, capped(pol, req.K), n_configs=len(req.configs))
+        return walk(inp, capped(wrapped(req.resources, pol), req.K), n_configs=len(req.configs))
     return build
 
 

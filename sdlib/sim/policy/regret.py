@@ -25,8 +25,7 @@ drafted where it expected its draft to be accepted: the loss is in what it could
 what it saw.
 
 Usage:
-    pols = regret_policies(inp, predictor, ["online-with-agreement"], [(cm, 128)])
-    tab = regret_table(inp, pols, [(cm, 128)])
+    tab = regret_table(inp, predictor, ["online-with-agreement"], [(cm, 128)])
 """
 
 from __future__ import annotations
@@ -36,7 +35,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, DRAFTER_NAMES, Policy, PolicyInputs, PolicySteps, walk
+from sdlib.core.registry import BuildRequest
+from sdlib.sim.policy.walk import EAGLE, NGRAM, NONE, DRAFTER_NAMES, WRAP, Policy, PolicyInputs, PolicySteps
 
 #: Step outcomes, in table order.
 OUTCOMES = ("no draft", "first rejected", "partial", "whole")
@@ -72,25 +72,29 @@ class Recording(Policy):
         return [pred[cfg == c] for c in range(n_configs)]
 
 
-def regret_policies(inp: PolicyInputs, predictor, names: Sequence[str], configs: Sequence[tuple]) -> dict:
-    """{name: policy instance} for the online policies that can say what they predicted (``online``,
-    ``online-with-confidence``, ``online-with-agreement``), at ``configs`` = [(cost model, batch size)]."""
-    # deferred: these modules load the confidence and agreement machinery, which only this view needs
-    from sdlib.sim.policy.agreement import OnlineWithAgreement
-    from sdlib.sim.policy.confidence import OnlineWithConfidence
-    from sdlib.sim.policy.features import add_features
-    from sdlib.sim.policy.online import OnlinePolicy
+def recorded_steps(inp: PolicyInputs, predictor, name: str, configs: Sequence[tuple]) -> tuple[list, list]:
+    """The steps of the registered policy ``name`` at each (cost model, batch size) of ``configs``, through its own
+    build, and what it predicted at each step (:class:`Recording`, handed to the build as
+    :data:`~sdlib.sim.policy.walk.WRAP`). ``predictor``: the online policies' (None: cross-fitted here). Raises
+    ValueError for a policy whose build takes no recorder or that does not say what it predicted."""
+    # deferred: the policy table loads every registered policy, which only this view needs
+    from sdlib.sim.policy.table import resolve_refs
+    from sdlib.sim.policy.training import ensure_predictor
 
-    add_features(inp)  # the online policies read them
-    cms, bss = [c for c, _ in configs], [b for _, b in configs]
-    kw = dict(model_of_request=predictor.model_of_request())
-    make = {"online": lambda: OnlinePolicy(predictor.models, cms, bss, kmax=inp.kmax, **kw),
-            "online-with-confidence": lambda: OnlineWithConfidence(predictor.models, cms, bss, inp, **kw),
-            "online-with-agreement": lambda: OnlineWithAgreement(predictor.models, cms, bss, inp, **kw)}
-    unknown = [n for n in names if n not in make]
-    if unknown:
-        raise ValueError(f"regret view: {unknown} not among {sorted(make)}")
-    return {n: make[n]() for n in names}
+    (ref,) = resolve_refs([name], inp.kmax)
+    recs: list = []
+
+    def wrap(policy):
+        if not hasattr(policy, "first_draft_acceptance"):
+            raise ValueError(f"regret view: {name} does not say what it predicted (no first_draft_acceptance)")
+        recs.append(Recording(policy))
+        return recs[-1]
+
+    req = BuildRequest(inp, list(configs), predictor=ensure_predictor(inp, [ref], predictor), resources={WRAP: wrap})
+    steps = ref.spec.build(req, ref)
+    if len(recs) != 1:
+        raise ValueError(f"regret view: {name}'s build takes no recorder (sdlib.sim.policy.walk.WRAP)")
+    return steps, recs[0].per_config(len(configs))
 
 
 def best_rates(inp: PolicyInputs, st: PolicySteps, cm, B: int) -> np.ndarray:
@@ -128,18 +132,17 @@ def step_regret(inp: PolicyInputs, st: PolicySteps, cm, B: int) -> pd.DataFrame:
                          "outcome": np.asarray(OUTCOMES, dtype=object)[outcome]})
 
 
-def regret_table(inp: PolicyInputs, policies: dict, configs: Sequence[tuple]) -> pd.DataFrame:
+def regret_table(inp: PolicyInputs, predictor, policies: Sequence[str], configs: Sequence[tuple]) -> pd.DataFrame:
     """Per (cost model, dataset, batch size, policy, drafter, outcome): steps, their seconds and regret, the
     category's share of the cell's regret, the cell's regret as a share of its time (``cell_regret_share``), and
     the policy's mean predicted acceptance of the first draft against how often it was accepted
-    (module docstring). ``policies``: {name: policy instance built for ``configs``}."""
+    (module docstring). ``policies``: registered names (:func:`recorded_steps`); ``predictor``: as there."""
     if not policies:
-        raise ValueError("regret_table: no policies (regret_policies builds them)")
+        raise ValueError("regret_table: no policies")
     rows = []
-    for name, pol in policies.items():
-        rec = Recording(pol)
-        steps = walk(inp, rec, n_configs=len(configs))
-        for (cm, B), st, pred in zip(configs, steps, rec.per_config(len(configs))):
+    for name in policies:
+        steps, preds = recorded_steps(inp, predictor, name, configs)
+        for (cm, B), st, pred in zip(configs, steps, preds):
             s = step_regret(inp, st, cm, int(B))
             s["predicted_first"] = pred
             s["accepted_first"] = np.where(s.drafted > 0, (s.gained > 1).astype(float), np.nan)
@@ -170,5 +173,5 @@ def first_draft_calibration(tab: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-__all__ = ["OUTCOMES", "Recording", "regret_policies", "best_rates", "step_regret", "regret_table",
+__all__ = ["OUTCOMES", "Recording", "recorded_steps", "best_rates", "step_regret", "regret_table",
            "first_draft_calibration"]

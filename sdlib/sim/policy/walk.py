@@ -255,6 +255,17 @@ class Capped(Policy):
         self.inner.observe(inp, lanes, decision, gain)
 
 
+#: ``BuildRequest.resources`` key: a callable a registered build applies to its policy before it walks it (e.g.
+#: :class:`sdlib.sim.policy.regret.Recording`, which keeps what the policy predicted at each step).
+WRAP = "wrap_policy"
+
+
+def wrapped(resources: dict, policy: Policy) -> Policy:
+    """``policy`` through ``resources[WRAP]`` where a caller set one, else itself."""
+    wrap = resources.get(WRAP)
+    return policy if wrap is None else wrap(policy)
+
+
 def capped(policy: Policy, K: Optional[int]) -> Policy:
     """``policy`` itself when ``K`` is None, else :class:`Capped`."""
     return policy if K is None else Capped(policy, K)
