@@ -30,8 +30,9 @@ How (read in vLLM 0.26.0, 0.32.0 and 0.34.0; version differences are in :mod:`sd
 * **Adaptive verification** (vLLM 0.34, ``enable_adaptive_verification``): the engine verifies only a budget of
   slots ranked by the drafts' confidences, so a row verifies what the plan proposed rather than K. Its own
   confidences (an online-calibrated estimate from the draft logits, meaningless with dummy weights) are
-  replaced after each ``propose`` by :func:`av_confidences` and its budget by :func:`av_budget`, so that it
-  verifies each row's planned proposal and drops the padding.
+  replaced after each ``propose`` by :func:`av_confidences` and its budget by :func:`av_budget` (at least the
+  step's planned drafts, which the host counts from the plans), so that it verifies each row's planned proposal
+  and drops the padding.
 
 All hooks run in the engine's worker through ``llm.collective_rpc`` (module-level functions, pickled by
 reference; the multi-process engine needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``).
@@ -133,16 +134,25 @@ def av_confidences(d_now, d_next, K: int):
     return torch.where(counted_pad, AV_PAD_COUNTED, conf)
 
 
-def av_budget(stale, scheduled, cap: int) -> int:
+def av_budget(stale, scheduled, cap: int, need: int = 0) -> int:
     """The batch's draft budget in a replay: the stale confidences' count of slots (:func:`av_confidences`),
     ``stale`` (rows, K) as vLLM's ``get_num_tokens`` reads them, ``scheduled`` (rows,) the drafts each row
-    scheduled, at most ``cap`` (vLLM's logit limit). vLLM's own rule (the ``argmax`` of expected tokens over a
-    cost that steps at CUDA-graph buckets) leaves out the last slots before a bucket's edge even when each is
-    worth a token, which a plan that says what to verify cannot allow; the hand-out, the compaction and the
-    variable-length graphs stay vLLM's."""
+    scheduled, raised to ``need`` (the drafts the plans verify this step, :meth:`_State.av_need`), at most
+    ``cap`` (vLLM's logit limit). vLLM's own rule (the ``argmax`` of expected tokens over a cost that steps at
+    CUDA-graph buckets) leaves out the last slots before a bucket's edge even when each is worth a token, which a
+    plan that says what to verify cannot allow; the hand-out, the compaction and the variable-length graphs stay
+    vLLM's.
+
+    Why ``need``: the stale count is the batch's total, spread over its rows in column order, so it holds only
+    while the batch keeps its requests. In the closed loop a request that finishes takes the marks it carried for
+    others with it, and the budget comes short (the seventh session, on an H100: 20 of 64 requests off plan in
+    every cell of the K = 10 EAGLE-3 engine, 0.7% of accepted tokens lost, data/gpu/h100_v034_2026-12-05.json;
+    tests/test_replay_av.py runs the closed loop). The host knows each request's plan and how many steps it has
+    verified, so it knows the step's drafts exactly; the stale count stays as the floor."""
     surv = np.cumprod(np.asarray(stale, dtype=np.float64), axis=1)
     valid = np.arange(surv.shape[1])[None, :] < np.asarray(scheduled)[:, None]
-    return int(min((surv[valid] > AV_COUNT_ABOVE).sum(), int(np.sum(scheduled)), max(int(cap), 0)))
+    count = max(int((surv[valid] > AV_COUNT_ABOVE).sum()), int(need))
+    return int(min(count, int(np.sum(scheduled)), max(int(cap), 0)))
 
 
 # --------------------------------------------------------------------------- state in the worker
@@ -157,6 +167,8 @@ class _State:
         # host seconds in the V1 hooks (the hook-off control, configs/h200_hookoff.yaml): the whole wrapped
         # call, and the part inside vLLM's own proposer / take_draft_token_ids
         self.counts.update({"hook_calls": 0, "hook_s": 0.0, "vllm_s": 0.0})
+        # adaptive verification: steps whose budget the plans' drafts raised above the stale count, and the slots
+        self.counts.update({"av_raised_steps": 0, "av_raised_slots": 0})
         self._rows: dict[int, str] = {}  # n-gram buffer row -> request id whose tokens it holds
         self._tok: Optional[np.ndarray] = None
         # V2
@@ -164,6 +176,7 @@ class _State:
         self._slot_row = None
         self._slot_owner: dict[int, str] = {}
         self._host_calls: dict[str, int] = {}
+        self._av_steps: dict[str, int] = {}  # request id -> steps it verified (adaptive verification's budget)
         self.adaptive = False  # vLLM 0.34's enable_adaptive_verification is on (V2): av_confidences
 
     def set(self, plans: ReplayPlans) -> None:
@@ -173,6 +186,7 @@ class _State:
         self.by_pos = {k: {int(p): (int(d), int(a)) for p, d, a in zip(*v)} for k, v in plans.plans.items()}
         self._rows.clear()
         self._host_calls.clear()
+        self._av_steps.clear()
         for c in self.counts:
             self.counts[c] = 0.0 if c.endswith("_s") else 0
         if plans.ngram is not None:
@@ -208,6 +222,23 @@ class _State:
         self._tok[row, :] = 0
         if toks is not None:
             self._tok[row, :len(toks)] = toks
+
+    def av_need(self, req_ids: list, scheduled) -> int:
+        """The drafts the plans verify in this step (adaptive verification's budget, :func:`av_budget`): a
+        request's v-th step with drafts scheduled verifies its plan's v-th proposal (a replay on plan verifies
+        every plan step in order, a no-SD step included, and nothing else); a request without a plan, or past
+        its plan's end, counts what it scheduled. Counts the step for each request with drafts scheduled."""
+        need = 0
+        for rid, n in zip(req_ids, scheduled):
+            n = int(n)
+            if n <= 0:
+                continue
+            v = self._av_steps.get(rid, 0)
+            self._av_steps[rid] = v + 1
+            key = plan_key(rid)
+            plan = self.plans.plans.get(key) if (self.plans is not None and key is not None) else None
+            need += n if plan is None or v >= len(plan[1]) else min(int(plan[1][v]), n)
+        return need
 
     # ---- V2 (asynchronous, GPU) ---------------------------------------------------------------------
     def _set_v2_table(self, plans: ReplayPlans) -> None:
@@ -396,17 +427,17 @@ def _w_install(worker: Any, K: int) -> str:
     st = _State(runner, kind, K)
     st.adaptive = kind == "v2" and getattr(runner, "adaptive_verification", None) is not None
     if st.adaptive:
-        _install_av_budget(runner.adaptive_verification)
+        _install_av_budget(runner.adaptive_verification, st)
     runner._sdlib_replay = st
     (_install_v2 if kind == "v2" else _install_v1)(runner, st)
     return kind
 
 
-def _install_av_budget(av: Any) -> None:
+def _install_av_budget(av: Any, st: Optional[_State] = None) -> None:
     """Wrap vLLM 0.34's ``AdaptiveVerificationManager.get_num_tokens`` so that the budget it stashes for the
-    step is :func:`av_budget`'s (read in 0.34.0: it returns the step's token count and stashes
-    ``(drafts per request, non-draft tokens per request, budget)`` in ``_batch_budget`` for
-    ``reallocate_drafts``)."""
+    step is :func:`av_budget`'s, raised to the plans' drafts when ``st`` holds them (read in 0.34.0: it returns
+    the step's token count and stashes ``(drafts per request, non-draft tokens per request, budget)`` in
+    ``_batch_budget`` for ``reallocate_drafts``)."""
     need = ("get_num_tokens", "_stale_confidences", "_stale_idx", "req_states", "_max_total_logits",
             "num_bonus_tokens")
     missing = [a for a in need if not hasattr(av, a)]
@@ -422,7 +453,12 @@ def _install_av_budget(av: Any) -> None:
         scheduled = np.array([per_req[r] for r in req_ids], dtype=np.int64)
         stale = av._stale_confidences[av._stale_idx].np[slots]
         cap = av._max_total_logits - len(req_ids) * av.num_bonus_tokens
-        b = av_budget(stale, scheduled, cap)
+        floor = av_budget(stale, scheduled, cap)
+        need = st.av_need(req_ids, scheduled) if st is not None else 0
+        b = av_budget(stale, scheduled, cap, need)
+        if st is not None and b > floor:
+            st.counts["av_raised_steps"] += 1
+            st.counts["av_raised_slots"] += b - floor
         av._batch_budget = (per_req, non_draft, b)
         return sum(non_draft.values()) + b
 
@@ -435,7 +471,7 @@ def _w_set(worker: Any, blob: bytes) -> None:
 
 def _w_reset_timers(worker: Any) -> None:
     c = _runner(worker)._sdlib_replay.counts
-    c.update({"hook_calls": 0, "hook_s": 0.0, "vllm_s": 0.0})
+    c.update({"hook_calls": 0, "hook_s": 0.0, "vllm_s": 0.0, "av_raised_steps": 0, "av_raised_slots": 0})
 
 
 def _w_stats(worker: Any) -> dict[str, float]:
@@ -462,8 +498,9 @@ def set_plans(llm: Any, plans: ReplayPlans) -> None:
 
 
 def reset_timers(llm: Any) -> None:
-    """Zero the hooks' host-time counters (not the plan checks): the worker calls it after a cell's warm-up,
-    so ``hook_s`` / ``vllm_s`` cover the measured requests only."""
+    """Zero the hooks' host-time counters and adaptive verification's raised budgets (not the plan checks): the
+    worker calls it after a cell's warm-up, so ``hook_s`` / ``vllm_s`` / ``av_raised_*`` cover the measured
+    requests only."""
     _rpc(llm, _w_reset_timers)
 
 
