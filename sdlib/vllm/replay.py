@@ -145,8 +145,8 @@ def av_budget(stale, scheduled, cap: int, need: int = 0) -> int:
 
     Why ``need``: the stale count is the batch's total, spread over its rows in column order, so it holds only
     while the batch keeps its requests. In the closed loop a request that finishes takes the marks it carried for
-    others with it, and the budget comes short (the seventh session, on an H100: 20 of 64 requests off plan in
-    every cell of the K = 10 EAGLE-3 engine, 0.7% of accepted tokens lost, data/gpu/h100_v034_2026-12-05.json;
+    others with it, and the budget comes short (the seventh session, on an H100: 7 to 30 of 64 requests off plan
+    in each cell of the K = 10 EAGLE-3 engine, 0.3 to 0.8% of the accepted tokens lost, data/gpu/h100_v034_2026-12-05.json;
     tests/test_replay_av.py runs the closed loop). The host knows each request's plan and how many steps it has
     verified, so it knows the step's drafts exactly; the stale count stays as the floor."""
     surv = np.cumprod(np.asarray(stale, dtype=np.float64), axis=1)
