@@ -762,10 +762,25 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> SweepConfig:
-    """Read a sweep YAML; ``overrides`` (top-level keys) replace the file's values."""
+    """Read a sweep YAML; ``overrides`` (top-level keys) replace the file's values. A file may start from
+    another: ``extends: OTHER.yaml`` (relative to its own folder) takes every top-level key of OTHER (itself
+    read the same way) and replaces those the file gives, e.g. a twin for another kind of GPU that differs only in
+    ``name`` and ``description``."""
     p = resolve(path)
+    data = _read_config(p, ())
+    data.update(overrides or {})
+    if not data.get("results_dir"):  # the rule (sdlib.paths.results_base): beside the config unless in configs/
+        base = results_base(p)
+        if base != SWEEPS_DIR:
+            data["results_dir"] = repo_relative(base)
+    return parse_sweep(data)
+
+
+def _read_config(p: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One config file's keys, its relative paths resolved against its folder, on top of what it ``extends``
+    (``chain``: the files that extend it, for the one-line error on a cycle)."""
     if not p.is_file():
-        raise ConfigError(f"config: file not found: {p}")
+        raise ConfigError(f"config: file not found: {p}" + (f" (extended by {chain[-1].name})" if chain else ""))
     try:
         data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as err:
@@ -781,13 +796,17 @@ def load_sweep(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> 
     if not isinstance(data, dict):
         raise ConfigError(f"config: {p.name} must be a mapping of keys (name, models, methods, ...), "
                           f"not a {type(data).__name__}")
-    data.update(overrides or {})
     data = _paths_from(data, p.parent)
-    if not data.get("results_dir"):  # the rule (sdlib.paths.results_base): beside the config unless in configs/
-        base = results_base(p)
-        if base != SWEEPS_DIR:
-            data["results_dir"] = repo_relative(base)
-    return parse_sweep(data)
+    if "extends" not in data:
+        return data
+    parent = data.pop("extends")
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"config: {p.name}: extends must name another config file, not {parent!r}")
+    q = (p.parent / parent).resolve()
+    if q in (*chain, p.resolve()):
+        raise ConfigError(f"config: {p.name}: extends {parent} forms a cycle: "
+                          + " -> ".join(x.name for x in (*chain, p.resolve(), q)))
+    return {**_read_config(q, (*chain, p.resolve())), **data}
 
 
 def _inside_config_dir(value: Any, base: Path, always_path: bool = False) -> Any:

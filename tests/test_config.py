@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from sdlib.config import ConfigError, load_sweep, parse_sweep
@@ -108,6 +110,34 @@ def test_papermill_files_name_a_shipped_config():
             continue
         assert (CONFIGS_DIR.parent / params["SWEEP_CONFIG"]).is_file(), p.name
         load_sweep(CONFIGS_DIR.parent / params["SWEEP_CONFIG"])
+
+
+def test_extends_takes_the_other_files_keys_and_replaces_its_own(tmp_path):
+    """``extends``: every top-level key of the other file (its relative paths against its own folder), those the
+    file gives replacing them; a chain is followed; the twins for another card differ only in name."""
+    import yaml
+
+    (tmp_path / "prompts.jsonl").write_text('{"question": "1 + 1?"}\n')
+    base = {"name": "base", "description": "on card A", "models": [{"name": "tiny", "path": "@models/target"}],
+            "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3}],
+            "workloads": [{"dataset": "gsm8k", "source": "local", "path": "prompts.jsonl", "num_requests": 1}],
+            "batch_sizes": [1, 2]}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "twin.yaml").write_text("extends: ../base.yaml\nname: twin\ndescription: on card B\n")
+    (tmp_path / "sub" / "small.yaml").write_text("extends: twin.yaml\nbatch_sizes: [1]\n")
+    b, t, s = (load_sweep(tmp_path / f) for f in ("base.yaml", "sub/twin.yaml", "sub/small.yaml"))
+    assert (t.name, t.description, s.name, s.batch_sizes) == ("twin", "on card B", "twin", [1])
+    assert t.workloads == b.workloads and t.methods == b.methods and t.batch_sizes == b.batch_sizes
+    assert Path(t.workloads[0].path).resolve() == (tmp_path / "prompts.jsonl").resolve()
+    twins = sorted(CONFIGS_DIR.glob("h100_*.yaml"))
+    assert twins
+    for p in twins:
+        h100 = load_sweep(p)
+        h200 = load_sweep(p.with_name(p.name.replace("h100_", "h200_", 1)))
+        assert h100.name == p.stem and [c.run_id for c in h100.cells()] != []
+        assert {k: v for k, v in vars(h100).items() if k not in ("name", "description")} == \
+            {k: v for k, v in vars(h200).items() if k not in ("name", "description")}, p.name
 
 
 def test_missing_file():

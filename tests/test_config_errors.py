@@ -179,6 +179,10 @@ NEW_CASES = [
     ("chat-template-text", _set("workloads.0.chat_template", "yes"), "workloads.0.chat_template"),
     # where results go
     ("results-dir-is-a-file", _set("results_dir", "prompts.jsonl"), "is a file, not a folder"),
+    # a config that extends another
+    ("extends-missing", "extends: nowhere.yaml\nname: x\n", "file not found"),
+    ("extends-itself", "extends: extends-itself.yaml\nname: x\n", "forms a cycle"),
+    ("extends-not-a-file-name", "extends: [a, b]\nname: x\n", "extends must name another config file"),
 ]
 CASES = CASES + NEW_CASES
 PARAMS = [c if hasattr(c, "values") else pytest.param(*c, id=c[0]) for c in CASES]
