@@ -85,3 +85,42 @@ def test_a_queue_runs_its_jobs_in_order_and_records_each_status(tmp_path):
     assert "session: ended" in waited.stdout, waited.stdout + waited.stderr
     status = (tmp_path / "root" / "sdsess" / "status").read_text().split("\n")
     assert [line.split()[:2] for line in status if line] == [["ok", "0"], ["fails", "3"], ["slow", "124"]]
+
+
+CARD_SWEEP = REPO_ROOT / "gpu" / "card_sweep.sh"
+
+
+@pytest.mark.parametrize("gpu,card", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100")])
+def test_card_sweep_runs_the_cards_config_and_resumes_its_folder(tmp_path, gpu, card):
+    """gpu/card_sweep.sh (the queues' jobs): configs/<card>_STEM.yaml by the card nvidia-smi names, the sweep
+    folder of that name in data/sweeps copied into $RES first (done cells skipped), the options passed on."""
+    bin_dir, checkout, res = tmp_path / "bin", tmp_path / "checkout", tmp_path / "res"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{gpu}'\n")
+    (bin_dir / "python3").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'argv'}\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    (checkout / "data" / "sweeps" / f"{card}_v034_x").mkdir(parents=True)
+    (checkout / "data" / "sweeps" / f"{card}_v034_x" / "provenance.json").write_text("{}")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RES": str(res)}
+    r = subprocess.run(["bash", str(CARD_SWEEP), "v034_x", "--plan-minutes", "6"], cwd=checkout, env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "argv").read_text().split() == [
+        "-m", "sdlib", "sweep", f"configs/{card}_v034_x.yaml", "--results-dir", str(res), "--plan-minutes", "6"]
+    assert (res / f"{card}_v034_x" / "provenance.json").is_file()
+    r = subprocess.run(["bash", str(CARD_SWEEP), "v034_y"], cwd=checkout, env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0 and not (res / f"{card}_v034_y").exists()
+
+
+def test_queue_jobs_name_configs_that_exist():
+    """Every `bash gpu/card_sweep.sh STEM` in a queue names a config that exists for both cards."""
+    import re
+
+    stems = {m for q in (REPO_ROOT / "gpu").glob("queue_*.txt")
+             for m in re.findall(r"card_sweep\.sh (\S+)", q.read_text())}
+    assert stems
+    for stem in stems:
+        for card in ("h100", "h200"):
+            assert (REPO_ROOT / "configs" / f"{card}_{stem}.yaml").is_file(), (card, stem)

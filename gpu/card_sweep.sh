@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# A queue job's sweep on the config named after the machine's card (gpu/session.sh queues; run from the repository
+# root): `bash gpu/card_sweep.sh STEM [sdlib sweep options]` runs configs/<card>_STEM.yaml, card = h200 when
+# nvidia-smi names an H200, else h100, so an H100's cells never pool with an H200's (configs/h100_*.yaml extend
+# the H200 configs and change only name and description). A sweep folder of that name already in data/sweeps (carried
+# in, or committed) is copied into $RES first, so its done cells are skipped and the session adds the next ones.
+set -eu
+stem=${1:?usage: card_sweep.sh STEM [sdlib sweep options]}; shift
+: "${RES:?RES, the results folder of the session, is not set}"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
+name=${card}_${stem}
+mkdir -p "$RES"
+if [ -d "data/sweeps/$name" ]; then cp -r "data/sweeps/$name" "$RES/"; fi
+exec python3 -m sdlib sweep "configs/$name.yaml" --results-dir "$RES" "$@"
