@@ -9,6 +9,8 @@ whose number drifts from what sdlib computes fails here.
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -256,27 +258,47 @@ def test_07_confidence_shares_are_the_length_gap_of_the_table(notebook_runs):
     assert (rel.rate_lo <= rel.rate).all() and (rel.rate <= rel.rate_hi).all() and (rel.accepted <= rel.n).all()
 
 
-def test_07_policies_powered_tables_are_the_analysis(notebook_runs):
-    """The powered replay of the per-step policies (issue 24 item 4): the notebook's tables are
-    powered_tables of the sweep; every replayed cell followed its plan; each row rests on 2 engine starts."""
+@pytest.mark.parametrize("sweep, suffix", [("embedded_powered_policies_ours", ""),
+                                           ("h200_v034_powered_policies_ours", "-av")])
+def test_07_policies_powered_tables_are_the_analysis(notebook_runs, sweep, suffix):
+    """The powered replay of the per-step policies (issue 24 item 4), on the CPU build and on the H200: the
+    notebook's tables are powered_tables of the sweep (headline, A/A, each arm over vLLM's adaptive verification
+    rule); every replayed cell followed its plan; each row rests on 2 engine starts; on the GPU sweep the
+    simulated ratio beside each measured one is the simulation's own gap table."""
     import json
 
     from sdlib.analysis.powered import powered_tables
 
-    sweep = "embedded_powered_policies_ours"
-    head = notebook_runs.csv("07_online_policy", f"07_online_policy__policies_powered_headline__sweep={sweep}.csv")
-    aa = notebook_runs.csv("07_online_policy", f"07_online_policy__policies_powered_aa__sweep={sweep}.csv")
+    def table(name):
+        return notebook_runs.csv("07_online_policy", f"07_online_policy__policies_powered_{name}__sweep={sweep}.csv")
+
+    head, aa, vs = table("headline"), table("aa"), table("versus")
     t = powered_tables(f"data/sweeps/{sweep}")
-    assert set(head.arm) == {"eagle3-k10-online-with-agreement", "eagle3-k10-online-with-confidence",
-                             "eagle3-k10-online", "eagle3-k10-vllm-adaptive-verification"}
-    for got, want in ((head, t["headline"]), (aa, t["aa"])):
+    rule = f"eagle3-k10-vllm-adaptive-verification{suffix}"
+    assert set(head.arm) == {f"eagle3-k10-{p}{suffix}" for p in ("online-with-agreement", "online-with-confidence",
+                                                                   "online")} | {rule}
+    assert set(vs.reference) == {rule} and rule not in set(vs.arm) and "none" not in set(vs.arm)
+    for got, want in ((head, t["headline"]), (aa, t["aa"]), (vs, t["versus"])):
         got, want = got.sort_values("arm").reset_index(drop=True), want.sort_values("arm").reset_index(drop=True)
+        assert list(got.arm) == list(want.arm)
         for c in ("ratio", "ratio_lo", "ratio_hi"):
             np.testing.assert_allclose(got[c], want[c], rtol=1e-6)
-    assert (head.n_starts == 2).all() and (aa.n_starts == 2).all()
+    assert (head.n_starts == 2).all() and (aa.n_starts == 2).all() and (vs.n_starts == 2).all()
     assert ((head.ratio_lo <= head.ratio) & (head.ratio <= head.ratio_hi)).all()
     checks = [json.loads(f.read_text()) for f in (resolve(f"data/sweeps/{sweep}") / "replay").glob("*.json")]
     assert len(checks) == 24 and all(c["exact"] and c["counters_equal"] for c in checks)
+    sim = notebook_runs.figures / f"07_online_policy__policies_powered_vs_simulated__sweep={sweep}.csv"
+    if not suffix:  # a CPU sweep's step costs are the tiny models': no simulated ratio beside it
+        assert not sim.exists()
+        return
+    vsim = pd.read_csv(sim)
+    cm = ast.literal_eval(notebook_parameters("07_online_policy")["POLICY_SIM_COST_MODEL"]["default"])
+    gaps = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_gaps.csv")
+    g = gaps[gaps.cost_model == cm].set_index(["dataset", "batch_size", "policy"])["vs_best_fixed"]
+    assert len(vsim) == 4 and (vsim.best_fixed_sim == "fixed-eagle3-k4").all()
+    for r in vsim.itertuples():
+        assert r.simulated == pytest.approx(g[(r.dataset, r.batch_size, r.replay)])
+        assert r.sim_over_measured == pytest.approx(r.simulated / r.ratio)
 
 
 def test_07_agreement_table_and_decomposition(notebook_runs):

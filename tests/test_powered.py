@@ -106,3 +106,52 @@ def test_committed_powered_sweeps_rest_on_two_engine_starts():
         assert len(t["headline"]) and set(P.SUPPORT) <= set(t["headline"].columns)
     h = P.powered_tables("data/sweeps/h200_powered_ngram", n_boot=200)
     assert h["speedups"]["n_prompts"].min() >= 32 and (h["speedups"]["n_cells"] == 4).all()
+
+
+PROV_RULE = {"config": {"methods": PROV["config"]["methods"] + [
+    {"name": "eagle3", "num_spec_tokens": 10, "label": "rule", "replay": "vllm-adaptive-verification"}]}}
+
+
+def test_versus_a_shipped_rule_pairs_every_sd_arm_with_it_and_leaves_out_twins_and_no_sd():
+    u = units_of({"none": lambda s, p: 10.0 + p, "k3": lambda s, p: 1.5 * (10.0 + p),
+                  "k3-AA": lambda s, p: 1.5 * (10.0 + p), "orc": lambda s, p: 1.8 * (10.0 + p),
+                  "rule": lambda s, p: 1.2 * (10.0 + p)})
+    arms = P.arm_info(PROV_RULE)
+    assert dict(zip(arms.method_label, arms.family))["rule"] == "baseline"
+    aa = P.aa_table(u, arms, n_boot=200)
+    vs = P.versus_table(u, arms, aa, "rule", n_boot=200).set_index("arm")
+    assert sorted(vs.index) == ["k3", "orc"] and (vs["reference"] == "rule").all()
+    assert vs.loc["orc", "ratio"] == pytest.approx(1.5) and vs.loc["k3", "ratio"] == pytest.approx(1.25)
+    assert vs["established"].all() and vs.loc["orc", "family"] == "oracle"
+    assert P.versus_table(u, arms, aa, "absent", n_boot=200).empty  # a rule the block did not run: no rows
+
+
+def test_policies_vs_simulated_pairs_each_replayed_policy_with_the_simulators_ratio():
+    headline = pd.DataFrame({"dataset": "d", "batch_size": 4, "arm": ["orc", "rule"], "best_fixed": "k3",
+                             "ratio": [1.2, 0.8], "ratio_lo": [1.1, 0.7], "ratio_hi": [1.3, 0.9],
+                             "established": [True, True], "n_prompts": 8, "n_starts": 2, "n_cells": 2})
+    gaps = pd.DataFrame({"cost_model": ["m", "m", "other"], "dataset": "d", "batch_size": 4,
+                         "policy": ["oracle", "vllm-adaptive-verification", "oracle"],
+                         "best_fixed": "fixed-ngram-k5", "vs_best_fixed": [1.5, 1.0, 9.0],
+                         "vs_best_fixed_lo": [1.4, 0.9, 9.0], "vs_best_fixed_hi": [1.6, 1.1, 9.0]})
+    out = P.policies_vs_simulated(headline, P.arm_info(PROV_RULE), gaps, "m").set_index("arm")
+    assert out.loc["orc", "replay"] == "oracle" and out.loc["orc", "best_fixed_replay"] == "fixed-ngram-k3"
+    assert out.loc["orc", "simulated"] == 1.5 and out.loc["orc", "sim_over_measured"] == pytest.approx(1.25)
+    assert out.loc["rule", "sim_over_measured"] == pytest.approx(1.25)
+    assert out.loc["rule", "best_fixed_sim"] == "fixed-ngram-k5"
+    assert P.policies_vs_simulated(headline.iloc[:0], P.arm_info(PROV_RULE), gaps, "m").empty
+
+
+def test_committed_policy_replay_on_the_h200_rests_on_two_starts_and_is_exact():
+    import json
+    from pathlib import Path
+
+    d = "data/sweeps/h200_v034_powered_policies_ours"
+    t = P.powered_tables(d, n_boot=200)
+    assert (t["speedups"]["n_starts"] == 2).all() and t["speedups"]["n_prompts"].min() >= 32
+    assert bool(t["aa"]["contains_1"].all())
+    vs = t["versus"]
+    assert set(vs["reference"]) == {"eagle3-k10-vllm-adaptive-verification-av"} and len(vs) == 4
+    reports = [json.loads(f.read_text()) for f in sorted(Path(d, "replay").glob("*.json"))]
+    assert len(reports) == 24 and all(  # every replayed cell (no SD replays nothing)
+        r["exact"] and r["requests_off_plan"] == 0 for r in reports)

@@ -28,7 +28,7 @@ a percentile interval over a handful of clusters is far too narrow.
 
 Usage:
     from sdlib.analysis.powered import powered_tables
-    t = powered_tables("data/sweeps/h200_powered_ngram")   # {"units", "speedups", "aa", "headline"}
+    t = powered_tables("data/sweeps/h200_powered_ngram")   # {"units", "arms", "speedups", "aa", "headline", "versus"}
 """
 
 from __future__ import annotations
@@ -224,17 +224,64 @@ def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedu
     return pd.DataFrame(rows)
 
 
+def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, reference: str,
+                 n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """Every SD arm over one named arm ``reference`` (a shipped rule, e.g. vLLM's adaptive verification) at each
+    (dataset, batch size) where it ran, paired over prompts and cells like :func:`compare`; no SD and the A/A
+    twins are left out. ``reference`` names the arm each row was divided by."""
+    twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
+    skip = set(arms.loc[arms["family"] == "none", "method_label"]) | twins | {reference}
+    fam = dict(zip(arms["method_label"], arms["family"]))
+    rows = []
+    for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
+        if reference not in set(cell["method_label"]):
+            continue
+        for a in sorted(set(cell["method_label"]) - skip):
+            row = compare(u, ds, int(bs), a, reference, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
+            rows.append({**row, "family": fam.get(a)})
+    return pd.DataFrame(rows)
+
+
 def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
                    baseline: Optional[str] = "none") -> dict[str, pd.DataFrame]:
-    """``units``, ``speedups`` (each arm over no SD), ``aa`` (A/A twins, drift, MDE) and ``headline`` (each
-    policy over the best fixed arm) of one powered sweep's current cells."""
+    """``units``, ``arms`` (:func:`arm_info`), ``speedups`` (each arm over no SD), ``aa`` (A/A twins, drift,
+    MDE), ``headline`` (each policy over the best fixed arm) and ``versus`` (each SD arm over each replayed
+    shipped rule, family ``baseline``: :func:`versus_table`; empty without one) of one powered sweep's current
+    cells."""
     store = SweepStore(sweep_dir)
     runs, requests = store.read("runs"), store.read("requests")
     arms = arm_info(store.read_provenance())
     u = units(request_rates(runs, requests))
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
-    return {"units": u, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot)}
+    rules = arms.loc[arms["family"] == "baseline", "method_label"]
+    vs = [versus_table(u, arms, aa, r, n_boot) for r in rules]
+    return {"units": u, "arms": arms, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot),
+            "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame()}
+
+
+def policies_vs_simulated(headline: pd.DataFrame, arms: pd.DataFrame, gaps: pd.DataFrame,
+                          cost_model: str) -> pd.DataFrame:
+    """Measured against simulated as paired ratios, for replayed policies: each arm of ``headline`` (the arm over
+    the block's best fixed arm, measured) beside the simulator's ratio of the policy it replays over the best
+    fixed method of the same cell (``gaps``: :func:`sdlib.sim.policy.table.summarise`'s gap table, its
+    ``vs_best_fixed`` with a bootstrap interval over requests, under ``cost_model``). ``sim_over_measured`` =
+    simulated / measured; ``best_fixed_sim``: the simulator's best fixed policy, which may differ from the
+    measured block's (``best_fixed``: a label; its replayed policy is ``best_fixed_replay``)."""
+    cols = ["dataset", "batch_size", "arm", "replay", "best_fixed", "best_fixed_replay", "ratio", "ratio_lo",
+            "ratio_hi", "established", "n_prompts", "n_starts", "n_cells", "best_fixed_sim", "simulated",
+            "simulated_lo", "simulated_hi", "sim_over_measured"]
+    if headline.empty or gaps.empty:
+        return pd.DataFrame(columns=cols)
+    rep = dict(zip(arms["method_label"], arms["replay"]))
+    h = headline.assign(replay=headline["arm"].map(rep), best_fixed_replay=headline["best_fixed"].map(rep))
+    g = gaps[gaps["cost_model"] == cost_model].rename(columns={
+        "policy": "replay", "best_fixed": "best_fixed_sim", "vs_best_fixed": "simulated",
+        "vs_best_fixed_lo": "simulated_lo", "vs_best_fixed_hi": "simulated_hi"})
+    out = h.merge(g[["dataset", "batch_size", "replay", "best_fixed_sim", "simulated", "simulated_lo",
+                     "simulated_hi"]], on=["dataset", "batch_size", "replay"])
+    out["sim_over_measured"] = out["simulated"] / out["ratio"]
+    return out[cols]
 
 
 def powered_vs_simulated(headline: pd.DataFrame, paired_gains: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import textwrap
 from typing import Optional, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ import pandas as pd
 
 from sdlib.plots.bounds import REFERENCE_STACK, plot_bounds_stack
 from sdlib.plots.style import interval_bars, log_axis_plain, new_figure
+from sdlib.store.provenance import recorded_engine
 
 #: colours per policy family
 FAMILY_COLORS = {"fixed": "C0", "oracle": "C1", "combine": "C2"}
@@ -144,7 +146,6 @@ def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str
     the acceptance clause where a sweep's methods fix acceptance themselves (calibration, controls)."""
     prov = store.read_provenance()
     cfg = prov.get("config", {})
-    engines = [e for inv in prov.get("invocations", []) for e in inv.get("engines", [])]
     cards = {k: v for inv in prov.get("invocations", []) for k, v in inv.get("models", {}).items()}
     models = []
     for m in cfg.get("models", []):
@@ -154,8 +155,7 @@ def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str
         models.append(f"{m.get('name')} ({weights}, pinned)" if weights else m.get("name"))
     srcs = sorted({"the authors' Llama-3.1-8B/H100 traces" if w.get("source") == "reference"
                    else f"our traces ({w.get('path')})" for w in cfg.get("workloads", [])})
-    device = next((e.get("device") for e in reversed(engines) if e.get("device")), "")
-    ver = next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), "")
+    device, ver = recorded_engine(prov, "device"), recorded_engine(prov, "vllm_version")
     acc = acceptance or f"acceptance replayed from {' and '.join(srcs)}"
     line = f"{prov.get('sweep', store.dir.name)}: {', '.join(models)}; {acc}; {device.replace('CPU: ', 'CPU ')}, vLLM {ver}"
     return f"{what}\n{line}" if what else line
@@ -241,7 +241,8 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
     n = max(len(blocks), 1)
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
-    fig, axes = new_figure(nrows, ncols, width=4.2, height=3.8, sharey=True)
+    width = 4.2 if ncols > 1 else 5.6  # one panel: room for its arms' names and the title
+    fig, axes = new_figure(nrows, ncols, width=width, height=3.8 if ncols > 1 else 5.2, sharey=True)
     flat = [ax for row in axes for ax in row]
     for ax in flat[len(blocks):]:
         ax.set_visible(False)
@@ -261,14 +262,16 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
             ax.errorbar([j], [r.ratio], yerr=[[r.ratio - r.ratio_lo], [r.ratio_hi - r.ratio]], fmt="D", capsize=3,
                         color="0.4" if r.contains_1 else "C3")
             labels.append("A/A")
-        ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=7)
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", rotation_mode="anchor", fontsize=7)
         best = h["best_fixed"].iloc[0][len(prefix):] if len(h) else ""
         cells = int(h["n_cells"].min()) if len(h) and "n_cells" in h else 0
         ax.set_title(f"{ds} · bs {bs}: over {best}\n{prefix}*, {cells} cells per arm", fontsize=8)
     for row in axes:
         row[0].set_ylabel("ratio of per-request decode rates")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    chars = int(width * ncols * 12)  # about what a line of 9-point text holds across the figure
+    lines = [part for line in title.split("\n") for part in textwrap.wrap(line, chars)]
+    fig.suptitle("\n".join(lines), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.13 * len(lines) / fig.get_size_inches()[1]))  # 9 pt: ~0.13 in a line
     return fig
 
 

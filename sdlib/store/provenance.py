@@ -81,3 +81,10 @@ def device_name() -> str:
         pass
 
     return "CPU: " + (platform.processor() or platform.machine())
+
+
+def recorded_engine(prov: dict, key: str) -> str:
+    """``key`` (``device``, ``vllm_version``) of the latest engine a sweep's provenance records, ``""`` if none
+    does; a CPU device reads ``CPU: <model>`` (:func:`device_name`)."""
+    engines = [e for inv in prov.get("invocations", []) for e in inv.get("engines", [])]
+    return next((str(e[key]) for e in reversed(engines) if e.get(key)), "")
