@@ -283,6 +283,10 @@ def test_07_policies_powered_tables_are_the_analysis(notebook_runs, sweep, suffi
         assert list(got.arm) == list(want.arm)
         for c in ("ratio", "ratio_lo", "ratio_hi"):
             np.testing.assert_allclose(got[c], want[c], rtol=1e-6)
+    for got, want in ((head, t["headline"]), (vs, t["versus"])):  # the verdicts and the drift they were held to
+        got, want = got.sort_values("arm").reset_index(drop=True), want.sort_values("arm").reset_index(drop=True)
+        assert got["established"].astype(bool).tolist() == want["established"].astype(bool).tolist()
+        np.testing.assert_allclose(got["aa_drift"], want["aa_drift"], rtol=1e-6)
     assert (head.n_starts == 2).all() and (aa.n_starts == 2).all() and (vs.n_starts == 2).all()
     assert ((head.ratio_lo <= head.ratio) & (head.ratio <= head.ratio_hi)).all()
     checks = [json.loads(f.read_text()) for f in (resolve(f"data/sweeps/{sweep}") / "replay").glob("*.json")]
@@ -296,9 +300,21 @@ def test_07_policies_powered_tables_are_the_analysis(notebook_runs, sweep, suffi
     gaps = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_gaps.csv")
     g = gaps[gaps.cost_model == cm].set_index(["dataset", "batch_size", "policy"])["vs_best_fixed"]
     assert len(vsim) == 4 and (vsim.best_fixed_sim == "fixed-eagle3-k4").all()
+    tab = notebook_runs.csv("07_online_policy", "07_online_policy__confidence_combine_table.csv")
+    tps = tab[tab.cost_model == cm].set_index(["dataset", "batch_size", "policy"])["tokens_per_step"]
+    from sdlib.analysis.powered import replayed_tokens_per_step
+    from sdlib.store import SweepStore
+
+    st = SweepStore(f"data/sweeps/{sweep}")
+    replayed = replayed_tokens_per_step(st.read("steps"), st.read("runs"))
     for r in vsim.itertuples():
         assert r.simulated == pytest.approx(g[(r.dataset, r.batch_size, r.replay)])
         assert r.sim_over_measured == pytest.approx(r.simulated / r.ratio)
+        assert r.sim_over_measured_lo == pytest.approx(r.simulated / r.ratio_hi)
+        assert r.tokens_per_step_sim == pytest.approx(tps[(r.dataset, r.batch_size, r.replay)])
+        assert r.tokens_per_step_replayed == pytest.approx(replayed[r.arm])
+    # vLLM's rule decides without a cross-fitted calibration: the simulation's plans are the replayed ones
+    assert bool(vsim.set_index("replay").loc["vllm-adaptive-verification", "same_plans"])
 
 
 def test_07_agreement_table_and_decomposition(notebook_runs):

@@ -132,14 +132,31 @@ def test_policies_vs_simulated_pairs_each_replayed_policy_with_the_simulators_ra
                              "established": [True, True], "n_prompts": 8, "n_starts": 2, "n_cells": 2})
     gaps = pd.DataFrame({"cost_model": ["m", "m", "other"], "dataset": "d", "batch_size": 4,
                          "policy": ["oracle", "vllm-adaptive-verification", "oracle"],
-                         "best_fixed": "fixed-ngram-k5", "vs_best_fixed": [1.5, 1.0, 9.0],
+                         "best_fixed": "fixed-ngram-k3", "vs_best_fixed": [1.5, 1.0, 9.0],
                          "vs_best_fixed_lo": [1.4, 0.9, 9.0], "vs_best_fixed_hi": [1.6, 1.1, 9.0]})
-    out = P.policies_vs_simulated(headline, P.arm_info(PROV_RULE), gaps, "m").set_index("arm")
+    table = pd.DataFrame({"cost_model": "m", "dataset": "d", "batch_size": 4,
+                          "policy": ["oracle", "vllm-adaptive-verification"], "tokens_per_step": [3.0, 2.0]})
+    replayed = pd.Series({"orc": 3.0, "rule": 2.5})
+    arms = P.arm_info(PROV_RULE)
+    out = P.policies_vs_simulated(headline, arms, gaps, "m", table, replayed).set_index("arm")
     assert out.loc["orc", "replay"] == "oracle" and out.loc["orc", "best_fixed_replay"] == "fixed-ngram-k3"
     assert out.loc["orc", "simulated"] == 1.5 and out.loc["orc", "sim_over_measured"] == pytest.approx(1.25)
+    assert (out.loc["orc", "sim_over_measured_lo"], out.loc["orc", "sim_over_measured_hi"]) == pytest.approx(
+        (1.5 / 1.3, 1.5 / 1.1))  # the measured interval's ends
     assert out.loc["rule", "sim_over_measured"] == pytest.approx(1.25)
-    assert out.loc["rule", "best_fixed_sim"] == "fixed-ngram-k5"
-    assert P.policies_vs_simulated(headline.iloc[:0], P.arm_info(PROV_RULE), gaps, "m").empty
+    assert bool(out.loc["orc", "same_plans"]) and not bool(out.loc["rule", "same_plans"])  # 2.0 against 2.5
+    # the simulator's best fixed is another k: the two ratios have different references, no quotient
+    other = P.policies_vs_simulated(headline, arms, gaps.assign(best_fixed="fixed-ngram-k5"), "m").set_index("arm")
+    assert other["sim_over_measured"].isna().all() and other["simulated"].tolist() == [1.5, 1.0]
+    assert other["same_plans"].isna().all()  # no tables given: not known
+    assert P.policies_vs_simulated(headline.iloc[:0], arms, gaps, "m").empty
+
+
+def test_replayed_tokens_per_step_is_the_mean_accepted_plus_one_per_label():
+    runs = pd.DataFrame({"run_id": ["a", "b", "c"], "method_label": ["x", "x", "y"]})
+    steps = pd.DataFrame({"run_id": ["a", "a", "b", "c"], "accepted": [0, 2, 4, 1]})
+    assert P.replayed_tokens_per_step(steps, runs).to_dict() == {"x": 3.0, "y": 2.0}
+    assert P.replayed_tokens_per_step(steps.iloc[:0], runs).empty
 
 
 def test_committed_policy_replay_on_the_h200_rests_on_two_starts_and_is_exact():
@@ -150,8 +167,16 @@ def test_committed_policy_replay_on_the_h200_rests_on_two_starts_and_is_exact():
     t = P.powered_tables(d, n_boot=200)
     assert (t["speedups"]["n_starts"] == 2).all() and t["speedups"]["n_prompts"].min() >= 32
     assert bool(t["aa"]["contains_1"].all())
-    vs = t["versus"]
+    vs = t["versus"].set_index("arm")
     assert set(vs["reference"]) == {"eagle3-k10-vllm-adaptive-verification-av"} and len(vs) == 4
+    # each comparison is held to the block's A/A drift: with it, two policies clear 1 by more than the drift and
+    # `online` (1.26 [1.07, 1.49]) does not; a gate of 0 would call all four established
+    drift = float(t["aa"]["drift"].max())
+    assert drift > 0.05 and (vs["aa_drift"] == drift).all()
+    assert vs["established"].to_dict() == {
+        "eagle3-k10-online-av": False, "eagle3-k10-online-with-agreement-av": True,
+        "eagle3-k10-online-with-confidence-av": True, "eagle3-k4-fixed-eagle3-k4": False}
+    assert (vs["ratio_lo"] > 1).all()
     reports = [json.loads(f.read_text()) for f in sorted(Path(d, "replay").glob("*.json"))]
     assert len(reports) == 24 and all(  # every replayed cell (no SD replays nothing)
         r["exact"] and r["requests_off_plan"] == 0 for r in reports)

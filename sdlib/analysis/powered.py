@@ -254,23 +254,41 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
     u = units(request_rates(runs, requests))
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
-    rules = arms.loc[arms["family"] == "baseline", "method_label"]
+    rules = arms.loc[(arms["family"] == "baseline") & arms["aa_of"].isna(), "method_label"]
     vs = [versus_table(u, arms, aa, r, n_boot) for r in rules]
     return {"units": u, "arms": arms, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot),
             "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame()}
 
 
-def policies_vs_simulated(headline: pd.DataFrame, arms: pd.DataFrame, gaps: pd.DataFrame,
-                          cost_model: str) -> pd.DataFrame:
+def replayed_tokens_per_step(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
+    """Per method label: tokens each row gained per verify step (mean of ``accepted + 1`` over every step of its
+    cells' ``steps`` table), what the replayed plans gave; NaN-free labels only (no SD has no steps)."""
+    if steps.empty:
+        return pd.Series(dtype="float64", name="tokens_per_step")
+    s = steps.merge(runs[["run_id", "method_label"]], on="run_id")
+    return (s["accepted"].astype("float64") + 1).groupby(s["method_label"]).mean().rename("tokens_per_step")
+
+
+def policies_vs_simulated(headline: pd.DataFrame, arms: pd.DataFrame, gaps: pd.DataFrame, cost_model: str,
+                          table: Optional[pd.DataFrame] = None,
+                          replayed: Optional[pd.Series] = None) -> pd.DataFrame:
     """Measured against simulated as paired ratios, for replayed policies: each arm of ``headline`` (the arm over
-    the block's best fixed arm, measured) beside the simulator's ratio of the policy it replays over the best
-    fixed method of the same cell (``gaps``: :func:`sdlib.sim.policy.table.summarise`'s gap table, its
-    ``vs_best_fixed`` with a bootstrap interval over requests, under ``cost_model``). ``sim_over_measured`` =
-    simulated / measured; ``best_fixed_sim``: the simulator's best fixed policy, which may differ from the
-    measured block's (``best_fixed``: a label; its replayed policy is ``best_fixed_replay``)."""
+    the block's best fixed arm, measured, with its interval) beside the simulator's ratio of the policy it replays
+    over the best fixed method of the same cell (``gaps``: :func:`sdlib.sim.policy.table.summarise`'s gap table,
+    its ``vs_best_fixed`` and bootstrap interval over requests, under ``cost_model``).
+
+    ``sim_over_measured`` = simulated / measured and its range ``sim_over_measured_lo``/``_hi`` (simulated over
+    the measured interval's ends: the measured interval only); NaN where the simulator's best fixed policy
+    (``best_fixed_sim``) is not the one the measured block's best fixed arm replays (``best_fixed_replay``), since
+    the two ratios then have different references. ``tokens_per_step_sim`` (``table``: the simulator's policy
+    table, its ``tokens_per_step``) against ``tokens_per_step_replayed`` (``replayed``:
+    :func:`replayed_tokens_per_step`) says whether the simulation decided as the replayed plans did
+    (``same_plans``: within 0.5%); where it did not (a policy whose calibration is cross-fitted over a different
+    set of requests decides differently), the ratio compares different decisions, not only the cost model."""
     cols = ["dataset", "batch_size", "arm", "replay", "best_fixed", "best_fixed_replay", "ratio", "ratio_lo",
             "ratio_hi", "established", "n_prompts", "n_starts", "n_cells", "best_fixed_sim", "simulated",
-            "simulated_lo", "simulated_hi", "sim_over_measured"]
+            "simulated_lo", "simulated_hi", "sim_over_measured", "sim_over_measured_lo", "sim_over_measured_hi",
+            "tokens_per_step_sim", "tokens_per_step_replayed", "same_plans"]
     if headline.empty or gaps.empty:
         return pd.DataFrame(columns=cols)
     rep = dict(zip(arms["method_label"], arms["replay"]))
@@ -280,7 +298,19 @@ def policies_vs_simulated(headline: pd.DataFrame, arms: pd.DataFrame, gaps: pd.D
         "vs_best_fixed_lo": "simulated_lo", "vs_best_fixed_hi": "simulated_hi"})
     out = h.merge(g[["dataset", "batch_size", "replay", "best_fixed_sim", "simulated", "simulated_lo",
                      "simulated_hi"]], on=["dataset", "batch_size", "replay"])
-    out["sim_over_measured"] = out["simulated"] / out["ratio"]
+    same_ref = out["best_fixed_sim"] == out["best_fixed_replay"]
+    for col, div in (("sim_over_measured", "ratio"), ("sim_over_measured_lo", "ratio_hi"),
+                     ("sim_over_measured_hi", "ratio_lo")):
+        out[col] = (out["simulated"] / out[div]).where(same_ref)
+    if table is not None and len(table):
+        t = table[table["cost_model"] == cost_model][["dataset", "batch_size", "policy", "tokens_per_step"]]
+        out = out.merge(t.rename(columns={"policy": "replay", "tokens_per_step": "tokens_per_step_sim"}),
+                        on=["dataset", "batch_size", "replay"], how="left")
+    else:
+        out["tokens_per_step_sim"] = np.nan
+    out["tokens_per_step_replayed"] = out["arm"].map(replayed) if replayed is not None else np.nan
+    rel = (out["tokens_per_step_sim"] / out["tokens_per_step_replayed"] - 1).abs()
+    out["same_plans"] = (rel <= 0.005).where(rel.notna())
     return out[cols]
 
 
