@@ -195,11 +195,18 @@ def aa_gate(aa: pd.DataFrame, ds: str, bs: int) -> dict:
 def speedup_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, baseline: str = "none",
                   n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Every SD arm over the no-SD ``baseline`` at each (dataset, batch size), paired over prompts and starts."""
+    return _over(u, arms, aa, baseline, {baseline}, n_boot)
+
+
+def _over(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, reference: str, skip: set,
+          n_boot: int) -> pd.DataFrame:
+    """Every arm but ``skip`` over ``reference`` at each (dataset, batch size), paired (:func:`compare`, held to
+    the block's A/A gate), with the arm's ``family``."""
     rows = []
     fam = dict(zip(arms["method_label"], arms["family"]))
     for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
-        for a in sorted(set(cell["method_label"]) - {baseline}):
-            row = compare(u, ds, int(bs), a, baseline, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
+        for a in sorted(set(cell["method_label"]) - skip):
+            row = compare(u, ds, int(bs), a, reference, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
             rows.append({**row, "family": fam.get(a)})
     return pd.DataFrame(rows)
 
@@ -231,15 +238,8 @@ def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, referenc
     twins are left out. ``reference`` names the arm each row was divided by."""
     twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
     skip = set(arms.loc[arms["family"] == "none", "method_label"]) | twins | {reference}
-    fam = dict(zip(arms["method_label"], arms["family"]))
-    rows = []
-    for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
-        if reference not in set(cell["method_label"]):
-            continue
-        for a in sorted(set(cell["method_label"]) - skip):
-            row = compare(u, ds, int(bs), a, reference, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
-            rows.append({**row, "family": fam.get(a)})
-    return pd.DataFrame(rows)
+    ran = u.groupby(["dataset", "batch_size"])["method_label"].transform(lambda m: (m == reference).any())
+    return _over(u[ran.astype(bool)], arms, aa, reference, skip, n_boot)
 
 
 def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,

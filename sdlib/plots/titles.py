@@ -19,6 +19,7 @@ import pandas as pd
 from sdlib.paths import resolve
 from sdlib.sim.traces import provenance_path
 from sdlib.store import SweepStore
+from sdlib.store.provenance import recorded_engine
 
 
 def model_note(card: dict[str, Any]) -> str:
@@ -119,15 +120,15 @@ def sweep_facts(store) -> SweepFacts:
     store = store if isinstance(store, SweepStore) else SweepStore(store)
     prov = store.read_provenance()
     cfg = prov.get("config", {})
-    cards, engines, models = invocation_facts(prov, "engines")
+    cards, _, models = invocation_facts(prov, "engines")
     methods = cfg.get("methods", [])
     return SweepFacts(
         name=prov.get("sweep", store.dir.name), models=models, weights=_notes(cards, models),
         acceptance=acceptance_summary(methods),
         acceptance_by_label={m.get("label") or m.get("name"): method_acceptance(m) for m in methods},
-        device=_devices(next((e.get("device") for e in reversed(engines) if e.get("device")), ""),
+        device=_devices(recorded_engine(prov, "device"),
                         max([int(m.get("tensor_parallel_size") or 1) for m in cfg.get("models", [])] or [1])),
-        vllm=next((e.get("vllm_version") for e in reversed(engines) if e.get("vllm_version")), ""),
+        vllm=recorded_engine(prov, "vllm_version"),
         batch_mode=str(cfg.get("batch_mode", "")), repeats=int(cfg.get("repeats", 1) or 1))
 
 
