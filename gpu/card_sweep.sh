@@ -7,7 +7,7 @@
 set -eu
 stem=${1:?usage: card_sweep.sh STEM [sdlib sweep options]}; shift
 : "${RES:?RES, the results folder of the session, is not set}"
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)
+card=$(bash "$(dirname "$0")/card.sh")
 name=${card}_${stem}
 mkdir -p "$RES"
 if [ -d "data/sweeps/$name" ]; then cp -r "data/sweeps/$name" "$RES/"; fi

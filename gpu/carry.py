@@ -12,6 +12,8 @@ Usage:
     python3 gpu/carry.py --missing p03-... p07-... # only those (paste the names from `staged N/M parts, missing: ...`)
     python3 gpu/carry.py --json                   # machine-readable
     python3 gpu/carry.py --last 'python3 gpu/smoke_034.py'   # the command chained after staging in the last call
+    python3 gpu/carry.py --cache h100             # also carry .gpucache/h100 (gpu/cache.sh: the compile cache the
+                                                  # last session on that card brought back) and restore it before --last
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def main(argv=None) -> int:
                     help="what the device tool counts for the checkout, if known (default: the tracked + "
                          "untracked-not-ignored bytes measured here)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a call would exceed 64 MiB")
+    ap.add_argument("--cache", metavar="CARD",
+                    help="carry .gpucache/CARD (gpu/cache.sh) with the last part, or in a call of its own when it "
+                         "does not fit beside it, and restore it before --last")
     a = ap.parse_args(argv)
     root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                                check=True).stdout.strip())
@@ -88,6 +93,26 @@ def main(argv=None) -> int:
         cmd += f" && {a.last}" if last and a.last else "; [ $? -ne 1 ]"  # 3 = parts still missing: fine
         calls.append({"call": i + 1, "carry": [f"{a.dir}/MANIFEST.txt", f"{a.dir}/{name}"], "command": cmd,
                       "bytes": tree + manifest + size})
+    if a.cache:
+        cdir = pd.parent / ".gpucache" / a.cache
+        cfiles = sorted(p for p in cdir.glob("*") if p.is_file()) if cdir.is_dir() else []
+        if not (cdir / "CACHE.txt").is_file():
+            print(f"carry: no .gpucache/{a.cache}/CACHE.txt here (gpu/cache.sh pack brings one back)", file=sys.stderr)
+            return 2
+        cbytes = sum(p.stat().st_size for p in cfiles)
+        restore = "bash gpu/cache.sh restore"
+        if calls and calls[-1]["bytes"] + cbytes <= LIMIT - MARGIN:
+            c = calls[-1]
+            c["carry"].append(f".gpucache/{a.cache}")
+            c["bytes"] += cbytes
+            c["command"] = f"source gpu/stage.sh {a.dir} && {restore}" + (f" && {a.last}" if a.last else "")
+        else:
+            if calls:
+                calls[-1]["command"] = f"source gpu/stage.sh {a.dir}; [ $? -ne 1 ]"
+            calls.append({"call": len(calls) + 1, "carry": [f"{a.dir}/MANIFEST.txt", f".gpucache/{a.cache}"],
+                          "command": f"source gpu/stage.sh {a.dir} && {restore}" + (f" && {a.last}" if a.last else ""),
+                          "bytes": tree + manifest + cbytes})
+        worst = max(worst, max(c["bytes"] for c in calls))
     info = {"manifest": head, "parts": len(parts), "sent": len(todo), "tree_bytes": tree, "measured_tree_bytes": measured,
             "largest_call_bytes": worst, "limit_bytes": LIMIT, "margin_bytes": LIMIT - worst, "calls": calls}
     if a.json:

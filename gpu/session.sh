@@ -74,7 +74,7 @@ case "$cmd" in
     [ -n "${SDLIB_GPU_STACK:-}" ] || { echo "session: source gpu/stage.sh first"; exit 2; }
     if [ -f "$SESS/pid" ] && kill -0 "$(cat "$SESS/pid")" 2>/dev/null; then echo "session: a queue is running"; exit 2; fi
     rm -rf "$SESS" "$REPO"; mkdir -p "$SESS" "$RES"
-    mkdir -p "$REPO" && tar -c --exclude=./.gpu34 --exclude=./.gpu --exclude=./.gpumodels . | tar -x -C "$REPO" || exit 1
+    mkdir -p "$REPO" && tar -c --exclude=./.gpu34 --exclude=./.gpu --exclude=./.gpumodels --exclude=./.gpucache . | tar -x -C "$REPO" || exit 1
     if [ -n "$models" ]; then tar xf "$models" -C "$REPO" || { echo "session: cannot unpack $models"; exit 1; }; fi
     cp "$queue" "$SESS/queue.txt"
     export SDLIB_GIT_COMMIT

@@ -18,6 +18,10 @@ _sd_m="$_sd_root/MANIFEST.txt"
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
        VLLM_USE_FLASHINFER_SAMPLER=0 \
        NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# compile caches in one folder, so that gpu/cache.sh can carry them to the next session's machine
+export SDLIB_COMPILE_CACHE=${SDLIB_COMPILE_CACHE:-/tmp/sdcache}
+export VLLM_CACHE_ROOT=$SDLIB_COMPILE_CACHE/vllm TRITON_CACHE_DIR=$SDLIB_COMPILE_CACHE/triton \
+       TORCHINDUCTOR_CACHE_DIR=$SDLIB_COMPILE_CACHE/inductor CUDA_CACHE_PATH=$SDLIB_COMPILE_CACHE/nv
 # VLLM_USE_FLASHINFER_SAMPLER=0: FlashInfer is not carried (flashinfer-python 0.7.3 is not on the registry);
 # vLLM 0.34's sampler imports the FlashInfer backend unless this is 0 (v1/sample/ops/topk_topp_sampler.py:88).
 # NCCL_NVLS_ENABLE=0 etc.: NVLink multicast stays off on these machines (/work/.library/device/KINDS.md).

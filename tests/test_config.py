@@ -148,11 +148,20 @@ def test_missing_file():
 @pytest.mark.parametrize("name", sorted(p.name for p in (CONFIGS_DIR.parent / "data" / "sweeps").iterdir() if p.is_dir()))
 def test_every_committed_sweep_is_its_configs_cells(name):
     """Each committed sweep holds exactly its config's current cells, all done: a config or sdlib change that
-    renames cells (a rerun would redo them, the notebooks would read nothing) fails here. Fix: `sdlib rekey`."""
+    renames cells (a rerun would redo them, the notebooks would read nothing) fails here. Fix: `sdlib rekey`.
+    A sweep still being added to across GPU sessions (its latest invocation ran for a budget, ``--plan-minutes``,
+    or was cut off before it finished) holds a subset: every cell it holds is still one of its config's."""
+    import json
+
     from sdlib.store import SweepStore
 
     sweep = load_sweep(CONFIGS_DIR / f"{name}.yaml")
-    assert {c.run_id for c in sweep.cells()} == SweepStore(sweep.out_dir).done_ids()
+    want, done = {c.run_id for c in sweep.cells()}, SweepStore(sweep.out_dir).done_ids()
+    last = json.loads((sweep.out_dir / "provenance.json").read_text())["invocations"][-1]
+    if "--plan-minutes" in last["argv"] or "finished_at" not in last:
+        assert done and done <= want, sorted(done - want)[:5]
+    else:
+        assert want == done
 
 
 def test_committed_serving_sweep_cells_keep_their_run_ids():
