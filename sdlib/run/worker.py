@@ -33,7 +33,7 @@ from sdlib.models.shapes import write_shape
 from sdlib.run.driver import drive
 from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
 from sdlib.store import SweepStore, utc_now, write_json_atomic
-from sdlib.store.provenance import device_name
+from sdlib.store.provenance import device_name, device_uuid
 from sdlib.vllm import compat as vc
 from sdlib.vllm import confidence_stop as cs
 from sdlib.vllm import replay as vr
@@ -49,6 +49,7 @@ def _environment(llm) -> dict[str, Any]:
         "vllm_version": vc.vllm_version(),
         "torch_version": torch.__version__,
         "device": device_name(),
+        "device_uuid": device_uuid(),
         "detailed_metrics": vc.has_detailed_metrics(),
         "kv_cache_capacity_tokens": vc.kv_cache_capacity_tokens(llm),
         "python": sys.version.split()[0],

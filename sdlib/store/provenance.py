@@ -83,6 +83,22 @@ def device_name() -> str:
     return "CPU: " + (platform.processor() or platform.machine())
 
 
+def device_uuid() -> str | None:
+    """The GPU's UUID, which says which physical card ran an engine (every lent GPU machine's host name is ``vm``,
+    so a sweep resumed on another machine would not show it otherwise); None without CUDA. Asks torch only where
+    it is already imported (an engine process)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available():
+            u = getattr(torch.cuda.get_device_properties(0), "uuid", None)
+            return str(u) if u is not None else None
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
 def recorded_engine(prov: dict, key: str) -> str:
     """``key`` (``device``, ``vllm_version``) of the latest engine a sweep's provenance records, ``""`` if none
     does; a CPU device reads ``CPU: <model>`` (:func:`device_name`)."""

@@ -1,0 +1,29 @@
+"""sdlib.store.provenance.device_uuid: which physical GPU ran an engine (recorded per engine start, beside the
+device's name), read from the torch an engine process has already imported; None without CUDA or torch."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from sdlib.store.provenance import device_uuid
+
+
+def _fake_torch(available: bool, uuid=None):
+    props = types.SimpleNamespace(uuid=uuid)
+    cuda = types.SimpleNamespace(is_available=lambda: available, get_device_properties=lambda i: props)
+    return types.SimpleNamespace(cuda=cuda)
+
+
+def test_the_uuid_of_device_0_where_cuda_is_there(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(True, "GPU-5a1c0f3e-0000-1111-2222-333344445555"))
+    assert device_uuid() == "GPU-5a1c0f3e-0000-1111-2222-333344445555"
+
+
+def test_none_without_cuda_or_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(False, "GPU-x"))
+    assert device_uuid() is None
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(True, None))  # a torch whose properties lack it
+    assert device_uuid() is None
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert device_uuid() is None
