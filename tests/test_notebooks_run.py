@@ -192,6 +192,24 @@ def test_06_paired_gains_are_the_batches_ratio(notebook_runs):
     assert fx.loc[fx.speedup.idxmax(), "method_label"] == row.best_fixed_label
 
 
+def test_06_powered_blocks_say_which_blocks_are_compared(notebook_runs):
+    """Notebook 06 draws only the complete blocks of a powered sweep still being added to (issue 21's headline on
+    the H100): its blocks table is block_status of the sweep, and no speedup row exists for an incomplete block."""
+    from sdlib.analysis.powered import block_status
+    from sdlib.store import SweepStore
+
+    name = "h100_v034_headline"
+    got = notebook_runs.csv("06_trace_replay", f"06_trace_replay__powered_blocks__sweep={name}.csv")
+    s = SweepStore(f"data/sweeps/{name}")
+    want = block_status(s.read("runs"), s.read_provenance())
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True), check_dtype=False)
+    sp = notebook_runs.figures / f"06_trace_replay__powered_speedups__sweep={name}.csv"
+    whole = set(map(tuple, want.loc[want["complete"], ["dataset", "batch_size"]].values.tolist()))
+    drawn = set(map(tuple, pd.read_csv(sp)[["dataset", "batch_size"]].drop_duplicates().values.tolist())) \
+        if sp.exists() else set()
+    assert drawn == whole
+
+
 # ---------------------------------------------------------------------------
 # notebook 07: the measured H200 ratios are the requests' own throughput; the gap shares are the table's
 # ---------------------------------------------------------------------------

@@ -180,3 +180,40 @@ def test_committed_policy_replay_on_the_h200_rests_on_two_starts_and_is_exact():
     reports = [json.loads(f.read_text()) for f in sorted(Path(d, "replay").glob("*.json"))]
     assert len(reports) == 24 and all(  # every replayed cell (no SD replays nothing)
         r["exact"] and r["requests_off_plan"] == 0 for r in reports)
+
+
+def _runs(rows):
+    return pd.DataFrame(rows, columns=["dataset", "batch_size", "method_label", "engine_start", "repeat"])
+
+
+def test_a_block_is_complete_only_with_every_arm_at_every_start_and_repeat():
+    """A sweep still being added to across GPU sessions (issue 21's headline) holds parts of blocks: only a block
+    with every arm the config runs there, at every engine start and repeat, is compared."""
+    prov = {"config": {"name": "b", "models": [{"path": "/m"}], "engine_starts": 2, "repeats": 1,
+                       "batch_sizes": [4, 8], "workloads": [{"dataset": "gsm8k", "num_requests": 4}],
+                       "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3},
+                                   {"name": "ngram", "num_spec_tokens": 5, "batch_sizes": [8]}]}}
+    full4 = [("gsm8k", 4, lab, s, 0) for lab in ("none", "ngram-k3") for s in (0, 1)]  # k5 runs only at bs 8
+    part8 = [("gsm8k", 8, lab, s, 0) for lab in ("none", "ngram-k3", "ngram-k5") for s in (0, 1)][:-1]
+    b = P.block_status(_runs(full4 + part8), prov).set_index("batch_size")
+    assert b.loc[4, "complete"] and (b.loc[4, "cells_expected"], b.loc[4, "cells_done"]) == (4, 4)
+    assert not b.loc[8, "complete"] and (b.loc[8, "cells_expected"], b.loc[8, "cells_done"]) == (6, 5)
+    # a repeat the recorded config did not have, added by a later invocation, is expected of every arm
+    more = _runs(full4 + [("gsm8k", 4, "none", 0, 1)])
+    assert not P.block_status(more, prov).set_index("batch_size").loc[4, "complete"]
+    assert P.block_status(_runs([]), prov).empty
+
+
+def test_the_h100_headline_compares_only_its_whole_blocks():
+    """Issue 21's headline on the H100 is added to across sessions (the tenth ran five of six engines at start 0
+    of two blocks): a block is compared once every arm has run at both engine starts, both repeats, and not before."""
+    t = P.powered_tables("data/sweeps/h100_v034_headline", n_boot=50)
+    b = t["blocks"]
+    assert len(b) >= 2 and (b["cells_expected"] == 48).all()  # 12 arms x 2 engine starts x 2 repeats
+    assert (b["complete"] == (b["cells_done"] == b["cells_expected"])).all()
+    whole = set(map(tuple, b.loc[b["complete"], ["dataset", "batch_size"]].values.tolist()))
+    compared = set(map(tuple, t["speedups"][["dataset", "batch_size"]].drop_duplicates().values.tolist())) \
+        if len(t["speedups"]) else set()
+    assert compared == whole
+    if not whole:
+        assert t["headline"].empty and t["units"].empty

@@ -28,7 +28,7 @@ a percentile interval over a handful of clusters is far too narrow.
 
 Usage:
     from sdlib.analysis.powered import powered_tables
-    t = powered_tables("data/sweeps/h200_powered_ngram")   # {"units", "arms", "speedups", "aa", "headline", "versus"}
+    t = powered_tables("data/sweeps/h200_powered_ngram")   # {"units", "arms", "speedups", "aa", "headline", "versus", "blocks"}
 """
 
 from __future__ import annotations
@@ -242,22 +242,55 @@ def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, referenc
     return _over(u[ran.astype(bool)], arms, aa, reference, skip, n_boot)
 
 
+def block_status(runs: pd.DataFrame, provenance: dict) -> pd.DataFrame:
+    """Per (dataset, batch size) the sweep holds cells of: ``cells_expected`` (every arm the config runs there, at
+    every engine start and repeat of the design), ``cells_done`` and ``complete``. A sweep still being added to
+    across GPU sessions holds parts of blocks; only complete blocks are compared, since a best fixed arm chosen
+    without one of the arms, or an arm seen on one engine start, would read as a finding. The arms and the design
+    come from the recorded config (method selections are part of a cell's key, so they do not change under a
+    sweep); starts and repeats also from the cells, where a later invocation added some."""
+    from sdlib.config import parse_sweep  # deferred: pydantic, and only this path needs it
+
+    cols = ["dataset", "batch_size", "cells_expected", "cells_done", "complete"]
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    sw = parse_sweep(provenance["config"])
+    starts = max(sw.engine_starts, int(runs["engine_start"].max()) + 1)
+    reps = max(sw.repeats, int(runs["repeat"].max()) + 1)
+    rows = []
+    for (ds, bs), g in runs.groupby(["dataset", "batch_size"]):
+        labels = {m.label for m in sw.methods
+                  if (not m.datasets or ds in m.datasets) and (not m.batch_sizes or bs in m.batch_sizes)}
+        want = {(lab, s, r) for lab in labels | set(g["method_label"]) for s in range(starts) for r in range(reps)}
+        have = set(zip(g["method_label"], g["engine_start"], g["repeat"]))
+        rows.append({"dataset": ds, "batch_size": int(bs), "cells_expected": len(want),
+                     "cells_done": len(want & have), "complete": want <= have})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
                    baseline: Optional[str] = "none") -> dict[str, pd.DataFrame]:
     """``units``, ``arms`` (:func:`arm_info`), ``speedups`` (each arm over no SD), ``aa`` (A/A twins, drift,
     MDE), ``headline`` (each policy over the best fixed arm) and ``versus`` (each SD arm over each replayed
     shipped rule, family ``baseline``: :func:`versus_table`; empty without one) of one powered sweep's current
-    cells."""
+    cells, in its complete blocks only; ``blocks`` (:func:`block_status`) says which blocks those are."""
     store = SweepStore(sweep_dir)
     runs, requests = store.read("runs"), store.read("requests")
-    arms = arm_info(store.read_provenance())
+    prov = store.read_provenance()
+    arms = arm_info(prov)
+    blocks = block_status(runs, prov)
+    done = blocks.loc[blocks["complete"], ["dataset", "batch_size"]]
+    runs = runs.merge(done, on=["dataset", "batch_size"])
     u = units(request_rates(runs, requests))
+    if u.empty:  # no block complete yet: nothing to compare
+        return {"units": u, "arms": arms, "speedups": pd.DataFrame(), "aa": pd.DataFrame(),
+                "headline": pd.DataFrame(), "versus": pd.DataFrame(), "blocks": blocks}
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
     rules = arms.loc[(arms["family"] == "baseline") & arms["aa_of"].isna(), "method_label"]
     vs = [versus_table(u, arms, aa, r, n_boot) for r in rules]
     return {"units": u, "arms": arms, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot),
-            "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame()}
+            "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame(), "blocks": blocks}
 
 
 def replayed_tokens_per_step(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
