@@ -66,10 +66,30 @@ def test_pack_then_restore_on_the_same_card_gives_the_same_files(tmp_path):
 
 def test_a_cache_too_big_for_one_call_is_not_packed(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
-    _fill(src, 1536)
-    r = _cache(tmp_path, "pack", "2", cache=src, out=out)  # 2 parts + CACHE.txt > 2 files
+    _fill(src, 1536)  # two parts
+    r = _cache(tmp_path, "pack", "1", cache=src, out=out)  # at most one part: what travels in one call
     assert r.returncode == 3 and "nothing packed" in r.stdout
     assert not out.exists() or not any(out.iterdir())
+    # what the call already brings back counts: 6 files there leave room for one part and CACHE.txt
+    out.mkdir(exist_ok=True)
+    for i in range(6):
+        (out / f"res.{i}").write_bytes(b"x")
+    r = _cache(tmp_path, "pack", cache=src, out=out)
+    assert r.returncode == 3 and "nothing packed" in r.stdout and len(list(out.iterdir())) == 6
+
+
+def test_an_archive_that_does_not_unpack_restores_nothing(tmp_path):
+    """Parts whose sha256 match CACHE.txt but whose archive is broken (a pack cut short): no cache folder at all,
+    so no engine reads half a cache."""
+    d = tmp_path / "repo" / ".gpucache" / "h100"
+    d.mkdir(parents=True)
+    (d / "cache.tar.xz.part00").write_bytes(os.urandom(4096))
+    import hashlib
+    sha = hashlib.sha256((d / "cache.tar.xz.part00").read_bytes()).hexdigest()
+    (d / "CACHE.txt").write_text(f"# compile cache for h100 (tar.xz), 4096 bytes\n{sha}  cache.tar.xz.part00\n")
+    r = _cache(tmp_path / "repo", "restore", cache=tmp_path / "dst")
+    assert r.returncode == 1 and "nothing restored" in r.stdout
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob("dst.restoring*"))
 
 
 def test_an_empty_cache_packs_nothing(tmp_path):

@@ -183,13 +183,14 @@ def test_committed_policy_replay_on_the_h200_rests_on_two_starts_and_is_exact():
 
 
 def _runs(rows):
-    return pd.DataFrame(rows, columns=["dataset", "batch_size", "method_label", "engine_start", "repeat"])
+    return pd.DataFrame(rows, columns=["dataset", "batch_size", "method_label", "engine_start", "repeat"]).assign(
+        model="m")
 
 
 def test_a_block_is_complete_only_with_every_arm_at_every_start_and_repeat():
     """A sweep still being added to across GPU sessions (issue 21's headline) holds parts of blocks: only a block
     with every arm the config runs there, at every engine start and repeat, is compared."""
-    prov = {"config": {"name": "b", "models": [{"path": "/m"}], "engine_starts": 2, "repeats": 1,
+    prov = {"config": {"name": "b", "models": [{"name": "m", "path": "/m"}], "engine_starts": 2, "repeats": 1,
                        "batch_sizes": [4, 8], "workloads": [{"dataset": "gsm8k", "num_requests": 4}],
                        "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3},
                                    {"name": "ngram", "num_spec_tokens": 5, "batch_sizes": [8]}]}}
@@ -217,3 +218,15 @@ def test_the_h100_headline_compares_only_its_whole_blocks():
     assert compared == whole
     if not whole:
         assert t["headline"].empty and t["units"].empty
+
+
+def test_block_status_per_model_follows_method_targets():
+    prov = {"config": {"name": "b", "models": [{"name": "m", "path": "/m"}, {"name": "n", "path": "/n"}],
+                       "engine_starts": 1, "repeats": 1, "batch_sizes": [4],
+                       "workloads": [{"dataset": "gsm8k", "num_requests": 4}],
+                       "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3, "targets": ["m"]}]}}
+    runs = pd.DataFrame([("m", "gsm8k", 4, "none", 0, 0), ("n", "gsm8k", 4, "none", 0, 0)],
+                        columns=["model", "dataset", "batch_size", "method_label", "engine_start", "repeat"])
+    b = P.block_status(runs, prov).set_index("model")
+    assert not b.loc["m", "complete"] and b.loc["m", "cells_expected"] == 2  # its n-gram arm has not run
+    assert b.loc["n", "complete"] and b.loc["n", "cells_expected"] == 1     # n-gram does not target n

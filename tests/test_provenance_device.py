@@ -16,8 +16,8 @@ def _fake_torch(available: bool, uuid=None):
 
 
 def test_the_uuid_of_device_0_where_cuda_is_there(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch", _fake_torch(True, "GPU-5a1c0f3e-0000-1111-2222-333344445555"))
-    assert device_uuid() == "GPU-5a1c0f3e-0000-1111-2222-333344445555"
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(True, "5a1c0f3e-0000-1111-2222-333344445555"))
+    assert device_uuid() == "5a1c0f3e-0000-1111-2222-333344445555"
 
 
 def test_none_without_cuda_or_without_torch(monkeypatch):

@@ -243,27 +243,28 @@ def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, referenc
 
 
 def block_status(runs: pd.DataFrame, provenance: dict) -> pd.DataFrame:
-    """Per (dataset, batch size) the sweep holds cells of: ``cells_expected`` (every arm the config runs there, at
-    every engine start and repeat of the design), ``cells_done`` and ``complete``. A sweep still being added to
-    across GPU sessions holds parts of blocks; only complete blocks are compared, since a best fixed arm chosen
-    without one of the arms, or an arm seen on one engine start, would read as a finding. The arms and the design
-    come from the recorded config (method selections are part of a cell's key, so they do not change under a
-    sweep); starts and repeats also from the cells, where a later invocation added some."""
+    """Per (model, dataset, batch size) the sweep holds cells of: ``cells_expected`` (every arm the config runs
+    there, at every engine start and repeat of the design), ``cells_done`` and ``complete``. A sweep still being
+    added to across GPU sessions holds parts of blocks; only complete blocks are compared, since a best fixed arm
+    chosen without one of the arms, or an arm seen on one engine start, would read as a finding. The arms and the
+    design come from the recorded config (a method's selections, ``targets``, ``datasets``, ``batch_sizes``, are
+    part of its cells' keys, so they do not change under a sweep); starts and repeats also from the cells, where a
+    later invocation added some."""
     from sdlib.config import parse_sweep  # deferred: pydantic, and only this path needs it
 
-    cols = ["dataset", "batch_size", "cells_expected", "cells_done", "complete"]
+    cols = ["model", "dataset", "batch_size", "cells_expected", "cells_done", "complete"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     sw = parse_sweep(provenance["config"])
     starts = max(sw.engine_starts, int(runs["engine_start"].max()) + 1)
     reps = max(sw.repeats, int(runs["repeat"].max()) + 1)
     rows = []
-    for (ds, bs), g in runs.groupby(["dataset", "batch_size"]):
-        labels = {m.label for m in sw.methods
-                  if (not m.datasets or ds in m.datasets) and (not m.batch_sizes or bs in m.batch_sizes)}
+    for (model, ds, bs), g in runs.groupby(["model", "dataset", "batch_size"]):
+        labels = {m.label for m in sw.methods if (not m.targets or model in m.targets)
+                  and (not m.datasets or ds in m.datasets) and (not m.batch_sizes or bs in m.batch_sizes)}
         want = {(lab, s, r) for lab in labels | set(g["method_label"]) for s in range(starts) for r in range(reps)}
         have = set(zip(g["method_label"], g["engine_start"], g["repeat"]))
-        rows.append({"dataset": ds, "batch_size": int(bs), "cells_expected": len(want),
+        rows.append({"model": model, "dataset": ds, "batch_size": int(bs), "cells_expected": len(want),
                      "cells_done": len(want & have), "complete": want <= have})
     return pd.DataFrame(rows, columns=cols)
 
@@ -279,7 +280,9 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
     prov = store.read_provenance()
     arms = arm_info(prov)
     blocks = block_status(runs, prov)
-    done = blocks.loc[blocks["complete"], ["dataset", "batch_size"]]
+    # the comparisons pool a (dataset, batch size) over models: kept when every model's block there is whole
+    whole = blocks.groupby(["dataset", "batch_size"])["complete"].all()
+    done = whole[whole].reset_index()[["dataset", "batch_size"]]
     runs = runs.merge(done, on=["dataset", "batch_size"])
     u = units(request_rates(runs, requests))
     if u.empty:  # no block complete yet: nothing to compare
