@@ -101,18 +101,19 @@ def main(argv=None) -> int:
             return 2
         cbytes = sum(p.stat().st_size for p in cfiles)
         # a cache that does not restore leaves the engines cold; the queue starts all the same
-        restore = "{ bash gpu/cache.sh restore || echo 'cache: not restored; engines start cold'; }"
+        restore = (f"source gpu/stage.sh {a.dir} && "
+                   "{ bash gpu/cache.sh restore || echo 'cache: not restored; engines start cold'; }"
+                   + (f" && {a.last}" if a.last else ""))
         if calls and calls[-1]["bytes"] + cbytes <= LIMIT - MARGIN:
             c = calls[-1]
             c["carry"].append(f".gpucache/{a.cache}")
             c["bytes"] += cbytes
-            c["command"] = f"source gpu/stage.sh {a.dir} && {restore}" + (f" && {a.last}" if a.last else "")
+            c["command"] = restore
         else:
             if calls:
                 calls[-1]["command"] = f"source gpu/stage.sh {a.dir}; [ $? -ne 1 ]"
             calls.append({"call": len(calls) + 1, "carry": [f"{a.dir}/MANIFEST.txt", f".gpucache/{a.cache}"],
-                          "command": f"source gpu/stage.sh {a.dir} && {restore}" + (f" && {a.last}" if a.last else ""),
-                          "bytes": tree + manifest + cbytes})
+                          "command": restore, "bytes": tree + manifest + cbytes})
             if calls[-1]["bytes"] > LIMIT - MARGIN:
                 print(f"carry: WARNING: .gpucache/{a.cache} ({cbytes / 2**20:.1f} MiB) does not fit in one call beside "
                       f"the tree ({tree / 2**20:.1f} MiB): leave it out (the engines start cold), or shrink the tree",

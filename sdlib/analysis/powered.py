@@ -258,11 +258,14 @@ def block_status(runs: pd.DataFrame, provenance: dict) -> pd.DataFrame:
     sw = parse_sweep(provenance["config"])
     starts = max(sw.engine_starts, int(runs["engine_start"].max()) + 1)
     reps = max(sw.repeats, int(runs["repeat"].max()) + 1)
+    # the arms of each block: the config's own cells (its method selections applied by SweepConfig.cells)
+    arms: dict[tuple, set] = {}
+    for c in sw.cells():
+        arms.setdefault((c.model.name, c.workload.label, c.batch_size), set()).add(c.method.label)
     rows = []
     for (model, ds, bs), g in runs.groupby(["model", "dataset", "batch_size"]):
-        labels = {m.label for m in sw.methods if (not m.targets or model in m.targets)
-                  and (not m.datasets or ds in m.datasets) and (not m.batch_sizes or bs in m.batch_sizes)}
-        want = {(lab, s, r) for lab in labels | set(g["method_label"]) for s in range(starts) for r in range(reps)}
+        labels = arms.get((model, ds, int(bs)), set()) | set(g["method_label"])
+        want = {(lab, s, r) for lab in labels for s in range(starts) for r in range(reps)}
         have = set(zip(g["method_label"], g["engine_start"], g["repeat"]))
         rows.append({"model": model, "dataset": ds, "batch_size": int(bs), "cells_expected": len(want),
                      "cells_done": len(want & have), "complete": want <= have})
