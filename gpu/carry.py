@@ -14,6 +14,8 @@ Usage:
     python3 gpu/carry.py --last 'python3 gpu/smoke_034.py'   # the command chained after staging in the last call
     python3 gpu/carry.py --cache h100             # also carry .gpucache/h100 (gpu/cache.sh: the compile cache the
                                                   # last session on that card brought back) and restore it before --last
+    python3 gpu/carry.py --resume .gpuresume/h100.tar   # also carry the done cells the queue resumes
+                                                  # (gpu/resume_cells.py) and unpack them before --last
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", metavar="CARD",
                     help="carry .gpucache/CARD (gpu/cache.sh) with the last part, or in a call of its own when it "
                          "does not fit beside it, and restore it before --last")
+    ap.add_argument("--resume", metavar="TAR",
+                    help="carry this archive of done cells (gpu/resume_cells.py: .gpuresume/CARD.tar) with the last "
+                         "part, or in a call of its own, and unpack it before --last, so the queue skips them")
     a = ap.parse_args(argv)
     root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                                check=True).stdout.strip())
@@ -93,31 +98,44 @@ def main(argv=None) -> int:
         cmd += f" && {a.last}" if last and a.last else "; [ $? -ne 1 ]"  # 3 = parts still missing: fine
         calls.append({"call": i + 1, "carry": [f"{a.dir}/MANIFEST.txt", f"{a.dir}/{name}"], "command": cmd,
                       "bytes": tree + manifest + size})
+    extras = []  # (path to carry, bytes, the step that uses it before --last)
     if a.cache:
         cdir = root / ".gpucache" / a.cache
         cfiles = sorted(p for p in cdir.glob("*") if p.is_file()) if cdir.is_dir() else []
         if not (cdir / "CACHE.txt").is_file():
             print(f"carry: no .gpucache/{a.cache}/CACHE.txt here (gpu/cache.sh pack brings one back)", file=sys.stderr)
             return 2
-        cbytes = sum(p.stat().st_size for p in cfiles)
         # a cache that does not restore leaves the engines cold; the queue starts all the same
-        restore = (f"source gpu/stage.sh {a.dir} && "
-                   "{ bash gpu/cache.sh restore || echo 'cache: not restored; engines start cold'; }"
-                   + (f" && {a.last}" if a.last else ""))
-        if calls and calls[-1]["bytes"] + cbytes <= LIMIT - MARGIN:
+        extras.append((f".gpucache/{a.cache}", sum(p.stat().st_size for p in cfiles),
+                       "{ bash gpu/cache.sh restore || echo 'cache: not restored; engines start cold'; }"))
+    if a.resume:
+        rp = (root / a.resume).resolve()
+        if not rp.is_file() or not rp.is_relative_to(root):
+            print(f"carry: no {a.resume} in the checkout (gpu/resume_cells.py writes it)", file=sys.stderr)
+            return 2
+        rel = str(rp.relative_to(root))
+        # cells that do not unpack are run again: slower, not wrong
+        extras.append((rel, rp.stat().st_size,
+                       f"{{ tar -xf {rel} || echo 'resume: {rel} not unpacked; its cells run again'; }}"))
+    if extras:
+        ebytes = sum(b for _, b, _ in extras)
+        command = " && ".join([f"source gpu/stage.sh {a.dir}", *(step for _, _, step in extras),
+                               *([a.last] if a.last else [])])
+        if calls and calls[-1]["bytes"] + ebytes <= LIMIT - MARGIN:
             c = calls[-1]
-            c["carry"].append(f".gpucache/{a.cache}")
-            c["bytes"] += cbytes
-            c["command"] = restore
+            c["carry"] += [path for path, _, _ in extras]
+            c["bytes"] += ebytes
+            c["command"] = command
         else:
             if calls:
                 calls[-1]["command"] = f"source gpu/stage.sh {a.dir}; [ $? -ne 1 ]"
-            calls.append({"call": len(calls) + 1, "carry": [f"{a.dir}/MANIFEST.txt", f".gpucache/{a.cache}"],
-                          "command": restore, "bytes": tree + manifest + cbytes})
+            calls.append({"call": len(calls) + 1, "carry": [f"{a.dir}/MANIFEST.txt", *(p for p, _, _ in extras)],
+                          "command": command, "bytes": tree + manifest + ebytes})
             if calls[-1]["bytes"] > LIMIT - MARGIN:
-                print(f"carry: WARNING: .gpucache/{a.cache} ({cbytes / 2**20:.1f} MiB) does not fit in one call beside "
-                      f"the tree ({tree / 2**20:.1f} MiB): leave it out (the engines start cold), or shrink the tree",
-                      file=sys.stderr)
+                names = ", ".join(p for p, _, _ in extras)
+                print(f"carry: WARNING: {names} ({ebytes / 2**20:.1f} MiB) do not fit in one call beside the tree "
+                      f"({tree / 2**20:.1f} MiB): leave the cache out (the engines start cold), carry fewer cells, "
+                      "or shrink the tree", file=sys.stderr)
                 if a.strict:
                     return 1
     info = {"manifest": head, "parts": len(parts), "sent": len(todo), "tree_bytes": tree, "measured_tree_bytes": measured,

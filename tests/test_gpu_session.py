@@ -112,6 +112,12 @@ def test_card_sweep_runs_the_cards_config_and_resumes_its_folder(tmp_path, gpu, 
     r = subprocess.run(["bash", str(CARD_SWEEP), "v034_y"], cwd=checkout, env=env, capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0 and not (res / f"{card}_v034_y").exists()
+    # a second job on the same sweep in the session keeps what the first one wrote in $RES
+    (res / f"{card}_v034_x" / "provenance.json").write_text('{"invocations": ["first job"]}')
+    r = subprocess.run(["bash", str(CARD_SWEEP), "v034_x", "--blocks", "gsm8k:32"], cwd=checkout, env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (res / f"{card}_v034_x" / "provenance.json").read_text() == '{"invocations": ["first job"]}'
 
 
 def test_queue_jobs_name_configs_that_exist():

@@ -54,6 +54,31 @@ def test_01_speedup_csv_is_speedup_table_of_the_runs(notebook_runs, run, sweep):
     assert sd.speedup_lo.notna().all() and ((sd.speedup_lo <= sd.speedup) & (sd.speedup <= sd.speedup_hi)).all()
 
 
+def test_02_av_phases_csv_is_the_step_phase_totals_and_the_extra_time_is_drafting(notebook_runs):
+    """Notebook 02 on the phase-timer run (configs/gpu_av_phases.papermill.yaml): each bar is its run's
+    step_phases totals, and what FINDINGS reads from it holds: the K = 10 step with adaptive verification spends
+    more than fixed k = 4's on drafting, about the same on verification."""
+    from sdlib.store import read_table
+
+    sweep = "h100_v034_av_phases"
+    csv = notebook_runs.csv("02_time_breakdown+gpu_av_phases", f"02_time_breakdown__phase_shares__sweep={sweep}.csv")
+    ph = read_table(f"data/sweeps/{sweep}", "step_phases")
+    runs = read_table(f"data/sweeps/{sweep}", "runs")
+    tot = ph.merge(runs[["run_id", "method_label"]], on="run_id").pivot_table(
+        index="method_label", columns="phase", values="total_s", aggfunc="sum")
+    got = csv.set_index("method_label")
+    assert sorted(got.index) == sorted(tot.index) == sorted(runs["method_label"])
+    for phase in ("draft", "verify", "sample"):
+        assert got[f"{phase}_s"].to_numpy() == pytest.approx(tot.loc[got.index, phase].to_numpy(), rel=1e-9), phase
+    calls = ph[ph.phase == "draft"].merge(runs[["run_id", "method_label"]], on="run_id").set_index("method_label")["calls"]
+    per_step = {p: got[f"{p}_s"] / calls.loc[got.index] for p in ("draft", "verify")}
+    k4 = "eagle3-k4-fixed-eagle3-k4"
+    for lab in [x for x in got.index if x != k4]:
+        extra_draft = per_step["draft"][lab] - per_step["draft"][k4]
+        extra_verify = per_step["verify"][lab] - per_step["verify"][k4]
+        assert extra_draft > 0.002 and abs(extra_verify) < extra_draft / 3, lab
+
+
 def test_01_prose_never_ranks_overlapping_intervals(notebook_runs):
     from sdlib.analysis.intervals import overlaps
 

@@ -86,6 +86,9 @@ def harness_hiccups(requests: pd.DataFrame, engine_steps: pd.DataFrame) -> pd.Da
     return pd.DataFrame(rows, columns=["run_id", "batch_index", "step_s", "median_step_s"])
 
 
+PAIR_CELL_KEYS = ("repeat", "engine_start")  # a prompt's batches pair within the same repeat and engine start
+
+
 def batch_throughput(runs: pd.DataFrame, requests: pd.DataFrame,
                      exclude: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (run, batch): output tokens / (last finish - first arrival), tok/s, with the run's dataset, method
@@ -98,7 +101,8 @@ def batch_throughput(runs: pd.DataFrame, requests: pd.DataFrame,
         prompt_index=("prompt_index", "first"), output_tokens=("output_tokens", "sum"),
         t0=("arrival_s", "min"), t1=("finish_s", "max")).reset_index()
     r["tok_per_s"] = r["output_tokens"] / (r["t1"] - r["t0"])
-    meta = runs[["run_id", "dataset", "method", "method_label", "num_spec_tokens", "batch_size"]]
+    keep = ["run_id", "dataset", "method", "method_label", "num_spec_tokens", "batch_size"]
+    meta = runs[keep + [c for c in PAIR_CELL_KEYS if c in runs.columns]]
     return meta.merge(r.drop(columns=["t0", "t1"]), on="run_id")
 
 
@@ -115,10 +119,15 @@ def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, baseline: str = B
     denominator (another method's label: throughput relative to it, paired the same way)."""
     if baseline not in set(batches["method_label"]):
         raise ValueError(f"baseline {baseline!r} is not a method label of these runs")
-    base = batches[batches["method_label"] == baseline].set_index(["dataset", "batch_size", "prompt_index"])
+    keys = ["dataset", "batch_size", "prompt_index", *[c for c in PAIR_CELL_KEYS if c in batches.columns]]
+    # a prompt recurs within a cell (closed loop, fewer traces than slots): its k-th batch pairs with the other
+    # arm's k-th, so every pair is one to one (a sweep with a block half run has unequal counts per prompt)
+    batches = batches.assign(_occurrence=batches.groupby(["method_label", *keys]).cumcount())
+    keys.append("_occurrence")
+    base = batches[batches["method_label"] == baseline].set_index(keys)
     rows = []
     for (ds, lab, bs), g in batches.groupby(["dataset", "method_label", "batch_size"]):
-        g = g.set_index(["dataset", "batch_size", "prompt_index"])
+        g = g.set_index(keys)
         common = g.index.intersection(base.index)
         num = g.loc[common, "tok_per_s"].to_numpy(float)
         den = base.loc[common, "tok_per_s"].to_numpy(float)

@@ -7,6 +7,8 @@ Usage:
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 
@@ -64,7 +66,8 @@ def plot_phase_shares(pooled: pd.DataFrame, title: str, row: str = "model", col:
                       for b, ms in zip(s["batch_size"], s["step_ms"].astype(float))]
             ax.set_xticks(x, labels, fontsize=8)
             ax.set_ylim(0, 1.0)
-            ax.set_title(str(c) if r is None or len(rows) == 1 else f"{r}\n{c}", fontsize=10)
+            name = "\n".join(textwrap.wrap(str(c), 22, break_on_hyphens=True))  # long labels: one per panel
+            ax.set_title(name if r is None or len(rows) == 1 else f"{r}\n{name}", fontsize=10)
             ax.grid(axis="x", visible=False)
         axes[i][0].set_ylabel("share of step time")
         axes[i][0].yaxis.set_major_formatter(lambda v, _: f"{100 * v:.0f}%")

@@ -46,6 +46,7 @@ class NotebookRun:
 GPU_SWEEPS = "configs/gpu_sweeps.papermill.yaml"
 GPU_VERSIONS = "configs/gpu_versions.papermill.yaml"
 H200_V034_SERVING = "configs/h200_v034_serving.papermill.yaml"
+GPU_AV_PHASES = "configs/gpu_av_phases.papermill.yaml"
 
 #: The runs, in order (notebook 05 reads data/costmodels/, written by ``make costmodels``).
 RUNS = [
@@ -54,6 +55,7 @@ RUNS = [
     NotebookRun("01_throughput_sweep", GPU_VERSIONS),
     NotebookRun("02_time_breakdown"),
     NotebookRun("02_time_breakdown", GPU_SWEEPS),
+    NotebookRun("02_time_breakdown", GPU_AV_PHASES),
     NotebookRun("03_acceptance_variance"),
     NotebookRun("04_bleu_ngram"),
     NotebookRun("05_oracle_bounds"),
