@@ -383,3 +383,19 @@ def test_sweep_blocks_dry_run_runs_only_that_part(tmp_path, capsys):
     ids = [line.strip() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert ids and all("__code_edit__bs1__" in i and "s1__" in i for i in ids)
     assert len({i.split("__")[1] for i in ids}) == 4  # every arm at that start: no SD, fixed k, its A/A twin, Oracle
+
+
+def test_sweep_plan_minutes_plans_for_the_gpu_it_runs_on(tmp_path, capsys, monkeypatch):
+    """`sdlib sweep --plan-minutes` calibrates with the engine starts of the card it runs on (an H100's are not an
+    H200's); `--plan-device` names another; without a GPU, the H200's as before."""
+    from sdlib.store import provenance
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(sweep_dict(results_dir=str(tmp_path / "out"))))
+    for here, args, want in [("NVIDIA H100 80GB HBM3", [], "NVIDIA H100 80GB HBM3"),
+                             ("CPU: some cpu", [], budget.DEFAULT_DEVICE),
+                             ("NVIDIA H100 80GB HBM3", ["--plan-device", "NVIDIA H200"], "NVIDIA H200")]:
+        monkeypatch.setattr(provenance, "device_name", lambda h=here: h)
+        main(["sweep", str(cfg), "--plan-minutes", "1000", "--dry-run", *args])  # the plan comes before the models
+        plan_lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("plan (")]
+        assert plan_lines and plan_lines[0].startswith(f"plan ({want}):"), plan_lines

@@ -157,6 +157,7 @@ class SweepCommand(SweepFileCommand):
     plan_minutes: Optional[str] = None
     priority: Optional[str] = None
     blocks: Optional[str] = None
+    plan_device: Optional[str] = None
     executor: Optional[str] = None
     address: Optional[str] = None
 
@@ -182,6 +183,9 @@ class SweepCommand(SweepFileCommand):
                             "are skipped, so rerunning takes the next ones")
         parser.add_argument("--priority",
                             help="with --plan-minutes: block order (dataset | bs | a list; see sdlib plan)")
+        parser.add_argument("--plan-device", metavar="NAME",
+                            help="with --plan-minutes: the device whose engine starts calibrate the plan (as sdlib plan "
+                            "--device; default: the GPU nvidia-smi names here, else NVIDIA H200)")
         parser.add_argument("--blocks", help="run only these blocks: dataset:bs[,...] (or model/dataset:bs); a part "
                             "of one: dataset:bs@start or dataset:bs@start.repeat")
         # deferred: sdlib.run.ray_executor loads pandas (its store), and only building this parser needs it
@@ -277,8 +281,9 @@ class SweepCommand(SweepFileCommand):
                              "not with --methods")
         if self.blocks:
             return {**only, "blocks": budget.parse_blocks(self.blocks, sweep)}
+        device = self.plan_device or plan_device_here()
         bp = budget.plan_budget(sweep, SweepStore(sweep.out_dir), plan_minutes, self.priority, only,
-                                retry_failed=not self.skip_failed)
+                                device=device, retry_failed=not self.skip_failed)
         chosen = bp.selected
         if not chosen:
             if bp.blocks.empty:
@@ -287,10 +292,20 @@ class SweepCommand(SweepFileCommand):
             raise UsageError(f"--plan-minutes {plan_minutes:g}: no block fits (the smallest alone needs "
                              f"{bp.blocks['alone_s'].min() / 60:.1f} min; sdlib plan {self.config} shows them)")
         left = bp.blocks[~bp.blocks["selected"]]
-        print(f"plan: {len(chosen)} of {len(bp.blocks)} block(s), {bp.total_s / 60:.1f} of {plan_minutes:g} min "
-              f"estimated" + (f"; left for later: {', '.join(f'{r.dataset}:{r.batch_size}' + (f' ({r.part})' if r.part else '') for r in left.itertuples())}"
+        print(f"plan ({device}): {len(chosen)} of {len(bp.blocks)} block(s), {bp.total_s / 60:.1f} of "
+              f"{plan_minutes:g} min estimated" + (f"; left for later: {', '.join(f'{r.dataset}:{r.batch_size}' + (f' ({r.part})' if r.part else '') for r in left.itertuples())}"
                               if len(left) else ""), file=sys.stderr)
         return {**only, "blocks": chosen}
+
+
+def plan_device_here() -> str:
+    """The device ``sdlib sweep --plan-minutes`` calibrates its plan for: the GPU this machine has (``nvidia-smi``;
+    an H100's engine starts are not an H200's), else :data:`sdlib.run.budget.DEFAULT_DEVICE`."""
+    from sdlib.run.budget import DEFAULT_DEVICE
+    from sdlib.store.provenance import device_name
+
+    name = device_name()
+    return DEFAULT_DEVICE if name.startswith("CPU:") else name
 
 
 @dataclass
