@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -102,44 +103,56 @@ def main(argv=None) -> int:
     if a.cache:
         cdir = root / ".gpucache" / a.cache
         cfiles = sorted(p for p in cdir.glob("*") if p.is_file()) if cdir.is_dir() else []
-        if not (cdir / "CACHE.txt").is_file():
-            print(f"carry: no .gpucache/{a.cache}/CACHE.txt here (gpu/cache.sh pack brings one back)", file=sys.stderr)
-            return 2
-        # a cache that does not restore leaves the engines cold; the queue starts all the same
-        extras.append((f".gpucache/{a.cache}", sum(p.stat().st_size for p in cfiles),
-                       "{ bash gpu/cache.sh restore || echo 'cache: not restored; engines start cold'; }"))
+        if (cdir / "CACHE.txt").is_file():
+            # a cache that does not restore leaves the engines cold; the queue starts all the same
+            extras.append((f".gpucache/{a.cache}", sum(p.stat().st_size for p in cfiles),
+                           "{ bash gpu/cache.sh restore || echo 'cache: not restored; engines start cold'; }"))
+        else:
+            print(f"carry: no .gpucache/{a.cache}/CACHE.txt here (no session on that card brought one back): the "
+                  "engines start cold", file=sys.stderr)
     if a.resume:
         rp = (root / a.resume).resolve()
-        if not rp.is_file() or not rp.is_relative_to(root):
-            print(f"carry: no {a.resume} in the checkout (gpu/resume_cells.py writes it)", file=sys.stderr)
+        if not rp.is_relative_to(root):
+            print(f"carry: --resume {a.resume} is outside the checkout; a call carries only what is inside it",
+                  file=sys.stderr)
             return 2
-        rel = str(rp.relative_to(root))
-        # cells that do not unpack are run again: slower, not wrong
-        extras.append((rel, rp.stat().st_size,
-                       f"{{ tar -xf {rel} || echo 'resume: {rel} not unpacked; its cells run again'; }}"))
-    if extras:
-        ebytes = sum(b for _, b, _ in extras)
-        command = " && ".join([f"source gpu/stage.sh {a.dir}", *(step for _, _, step in extras),
-                               *([a.last] if a.last else [])])
-        if calls and calls[-1]["bytes"] + ebytes <= LIMIT - MARGIN:
-            c = calls[-1]
-            c["carry"] += [path for path, _, _ in extras]
-            c["bytes"] += ebytes
-            c["command"] = command
+        if rp.is_file():
+            rel = shlex.quote(str(rp.relative_to(root)))
+            # cells that do not unpack are run again: slower, not wrong
+            extras.append((str(rp.relative_to(root)), rp.stat().st_size,
+                           f"{{ tar -xf {rel} || echo 'resume: {rel} not unpacked; its cells run again'; }}"))
         else:
+            print(f"carry: no {a.resume} here (gpu/resume_cells.py writes none when no done cell would run again): "
+                  "nothing to resume", file=sys.stderr)
+    if extras:
+        steps = " && ".join([f"source gpu/stage.sh {a.dir}", *(step for _, _, step in extras),
+                             *([a.last] if a.last else [])])
+        # each extra rides with the last part if it fits there, else in one more call; the machine keeps what a
+        # call carried for the next (as it keeps the parts), so the steps run in the call that comes last
+        rest = []
+        for path, size, _ in extras:
+            if calls and calls[-1]["bytes"] + size <= LIMIT - MARGIN:
+                calls[-1]["carry"].append(path)
+                calls[-1]["bytes"] += size
+            else:
+                rest.append((path, size))
+        if rest:
             if calls:
                 calls[-1]["command"] = f"source gpu/stage.sh {a.dir}; [ $? -ne 1 ]"
-            calls.append({"call": len(calls) + 1, "carry": [f"{a.dir}/MANIFEST.txt", *(p for p, _, _ in extras)],
-                          "command": command, "bytes": tree + manifest + ebytes})
+            calls.append({"call": len(calls) + 1, "carry": [f"{a.dir}/MANIFEST.txt", *(p for p, _ in rest)],
+                          "command": steps, "bytes": tree + manifest + sum(b for _, b in rest)})
             if calls[-1]["bytes"] > LIMIT - MARGIN:
-                names = ", ".join(p for p, _, _ in extras)
-                print(f"carry: WARNING: {names} ({ebytes / 2**20:.1f} MiB) do not fit in one call beside the tree "
-                      f"({tree / 2**20:.1f} MiB): leave the cache out (the engines start cold), carry fewer cells, "
-                      "or shrink the tree", file=sys.stderr)
+                names = ", ".join(p for p, _ in rest)
+                print(f"carry: WARNING: {names} ({sum(b for _, b in rest) / 2**20:.1f} MiB) do not fit in one call "
+                      f"beside the tree ({tree / 2**20:.1f} MiB): carry less (leave out --cache, and the engines "
+                      "start cold; or resume fewer blocks), or shrink the tree", file=sys.stderr)
                 if a.strict:
                     return 1
+        elif calls:
+            calls[-1]["command"] = steps
+    largest = max([worst, *(c["bytes"] for c in calls)])  # with the extras that rode along
     info = {"manifest": head, "parts": len(parts), "sent": len(todo), "tree_bytes": tree, "measured_tree_bytes": measured,
-            "largest_call_bytes": worst, "limit_bytes": LIMIT, "margin_bytes": LIMIT - worst, "calls": calls}
+            "largest_call_bytes": largest, "limit_bytes": LIMIT, "margin_bytes": LIMIT - largest, "calls": calls}
     if a.json:
         print(json.dumps(info, indent=1))
     else:
@@ -147,6 +160,8 @@ def main(argv=None) -> int:
         print(f"checkout measured here: {measured / 2**20:.2f} MiB (tracked + untracked-not-ignored)")
         print(f"travelling tree {tree / 2**20:.2f} MiB + MANIFEST + largest part {biggest / 2**20:.2f} MiB = "
               f"{worst / 2**20:.2f} MiB per call (limit 64 MiB, margin {(LIMIT - worst) / 2**20:.2f} MiB)")
+        if largest > worst:
+            print(f"largest call with what rides along (--cache, --resume): {largest / 2**20:.2f} MiB")
         for c in calls:
             print(f"call {c['call']}: carry {json.dumps(c['carry'])}\n        command {c['command']!r}")
     if worst > LIMIT - MARGIN:

@@ -6,7 +6,10 @@ beside the tree), so a sweep folder travels as its ``provenance.json`` alone. A 
 cell and runs them all again: on 2026-12-06 the H100 re-ran the 32 cells of the headline's start 0 that the tenth
 session had measured (data/gpu/h100_v034_2026-12-06b.json). This script writes ``.gpuresume/CARD.tar`` (git-ignored):
 for every ``gpu/card_sweep.sh STEM [options]`` job of QUEUE, the files of the done cells of ``data/sweeps/CARD_STEM``
-that the job would otherwise run again (those of its ``--blocks`` when it names some, else every done cell).
+that the job would otherwise run again (those of its ``--blocks`` when it names some, else every done cell), in
+whole parts only: a (model, dataset, batch size, engine start, repeat) all of whose cells are done. The powered
+analysis pairs arms within such a part (its bootstrap clusters), so a part stays on one machine: one left half
+done by a session that ran out (a cut job, an engine start whose provenance was never written) is run again whole.
 ``python3 gpu/carry.py --resume .gpuresume/CARD.tar`` carries it with the last part and unpacks it before the queue
 starts. Needs sdlib's environment (``.venv/bin/python gpu/resume_cells.py ...``).
 
@@ -30,7 +33,7 @@ def queue_jobs(queue: Path) -> list[tuple[str, list[str]]]:
     """(STEM, options) of every ``gpu/card_sweep.sh`` job of a session queue (``name<TAB>limit<TAB>command``)."""
     out = []
     for line in queue.read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
         fields = line.split("\t")
         if len(fields) != 3:
@@ -44,16 +47,21 @@ def queue_jobs(queue: Path) -> list[tuple[str, list[str]]]:
 
 
 def option(args: list[str], name: str) -> str | None:
+    """The value of ``name`` in ``args`` (``--x v`` or ``--x=v``); the last one wins, as in argparse."""
+    out = None
     for i, a in enumerate(args):
         if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
+            out = args[i + 1]
+        elif a.startswith(name + "="):
+            out = a.split("=", 1)[1]
+    return out
 
 
 def resume_files(stem: str, args: list[str], card: str, root: Path = ROOT) -> tuple[str, int, list[Path]]:
-    """(sweep name, done cells carried, their files) of one job: every file of each done cell it would run."""
+    """(sweep name, done cells carried, their files) of one job: every file of each done cell it would run, in
+    whole (model, dataset, batch size, engine start, repeat) parts."""
+    from collections import defaultdict
+
     from sdlib.config import in_blocks, load_sweep
     from sdlib.run.budget import parse_blocks
     from sdlib.store import SweepStore
@@ -64,13 +72,18 @@ def resume_files(stem: str, args: list[str], card: str, root: Path = ROOT) -> tu
         return name, 0, []
     store = SweepStore(folder)
     done = store.done_ids()
+    cfg = load_sweep(root / "configs" / f"{name}.yaml")
+    cells = cfg.cells()
     blocks_text = option(args, "--blocks")
     if blocks_text:
-        cfg = load_sweep(root / "configs" / f"{name}.yaml")
         blocks = {b[:3] for b in parse_blocks(blocks_text, cfg)}  # the whole block: a part's neighbours too
-        done &= {c.run_id for c in cfg.cells() if in_blocks(c.part_key, blocks)}
-    files = [f for rid in sorted(done) for f in store.cell_files(rid)]
-    return name, len(done), files
+        cells = [c for c in cells if in_blocks(c.part_key, blocks)]
+    parts = defaultdict(set)
+    for c in cells:
+        parts[c.part_key].add(c.run_id)
+    keep = sorted(rid for ids in parts.values() if ids <= done for rid in ids)
+    files = [f for rid in keep for f in store.cell_files(rid)]
+    return name, len(keep), files
 
 
 def main(argv=None) -> int:

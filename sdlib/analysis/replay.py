@@ -115,8 +115,9 @@ def paired_ratio(x: np.ndarray, y: np.ndarray, *key) -> tuple[float, float]:
 def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """Per (dataset, method label, batch size): speedup = mean tok/s / mean no-SD tok/s over the prompts both
     ran (the paper's definition, a ratio of means), with ``speedup_lo``/``speedup_hi`` (paired bootstrap over
-    prompts), ``tok_per_s`` and its interval, and ``n_prompts``. ``baseline``: the method label in the
-    denominator (another method's label: throughput relative to it, paired the same way)."""
+    prompts), ``tok_per_s`` and its interval, ``n_prompts`` (distinct) and ``n_pairs`` (batches paired).
+    ``baseline``: the method label in the denominator (another method's label: throughput relative to it, paired
+    the same way)."""
     if baseline not in set(batches["method_label"]):
         raise ValueError(f"baseline {baseline!r} is not a method label of these runs")
     keys = ["dataset", "batch_size", "prompt_index", *[c for c in PAIR_CELL_KEYS if c in batches.columns]]
@@ -134,7 +135,8 @@ def paired_speedups(batches: pd.DataFrame, info: pd.DataFrame, baseline: str = B
         lo, hi = paired_ratio(num, den, ds, lab, bs, baseline)
         t = g["tok_per_s"].to_numpy(float)
         tlo, thi = paired_ratio(t, np.ones_like(t), ds, lab, bs)
-        rows.append({"dataset": ds, "method_label": lab, "batch_size": int(bs), "n_prompts": len(common),
+        rows.append({"dataset": ds, "method_label": lab, "batch_size": int(bs),
+                     "n_prompts": common.get_level_values("prompt_index").nunique(), "n_pairs": len(common),
                      "tok_per_s": float(t.mean()), "tok_per_s_lo": tlo, "tok_per_s_hi": thi,
                      "speedup": float(num.mean() / den.mean()) if len(common) else float("nan"),
                      "speedup_lo": lo, "speedup_hi": hi})

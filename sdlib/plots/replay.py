@@ -265,9 +265,10 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", rotation_mode="anchor", fontsize=7)
         best = h["best_fixed"].iloc[0][len(prefix):] if len(h) else ""
         cells = int(h["n_cells"].min()) if len(h) and "n_cells" in h else 0
-        ax.set_title(f"{ds} · bs {bs}: over {best}\n{prefix}*, {cells} cells per arm", fontsize=8)
+        common = f"{prefix}*, " if prefix else ""  # arms named without the prefix they share
+        ax.set_title(f"{ds} · bs {bs}: over {best}\n{common}{cells} cells per arm", fontsize=8)
     for row in axes:
-        row[0].set_ylabel("ratio of per-request decode rates")
+        row[0].set_ylabel("ratio of per-request\ndecode rates")
     chars = int(width * ncols * 12)  # about what a line of 9-point text holds across the figure
     lines = [part for line in title.split("\n") for part in textwrap.wrap(line, chars)]
     fig.suptitle("\n".join(lines), fontsize=9)
