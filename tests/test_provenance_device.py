@@ -26,4 +26,17 @@ def test_none_without_cuda_or_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(True, None))  # a torch whose properties lack it
     assert device_uuid() is None
     monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # and no nvidia-smi
+    assert device_uuid() is None
+
+
+def test_without_torch_nvidia_smi_names_the_card_as_torch_does(monkeypatch, tmp_path):
+    """The serving supervisor never imports torch: nvidia-smi's UUID, without its GPU- prefix (torch's form)."""
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho GPU-5a1c0f3e-0000-1111-2222-333344445555\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert device_uuid() == "5a1c0f3e-0000-1111-2222-333344445555"
+    smi.write_text("#!/bin/sh\nexit 9\n")  # a broken nvidia-smi prints nothing
     assert device_uuid() is None

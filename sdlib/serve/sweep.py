@@ -47,7 +47,7 @@ from sdlib.serve.config import ServerConfig, ServingCell, ServingConfig, load_se
 from sdlib.serve.router import Router, prompt_overlap_score
 from sdlib.serve.server import Server, ServerError, reap_orphans
 from sdlib.store import git_commit, utc_now
-from sdlib.store.provenance import device_name
+from sdlib.store.provenance import device_name, device_uuid
 from sdlib.store.schema import columns
 from sdlib.store.serving_store import SHARE_TABLES, ServingStore
 from sdlib.vllm.server import diff_spec_counters, installed_vllm_version, parse_metrics, server_command, spec_counters
@@ -309,6 +309,7 @@ class ServingRun:
         self.failed_now: set[str] = set()
         self.registry_dir = registry_dir
         self.device = device_name()  # once, before any server starts
+        self.device_uuid = device_uuid()  # which physical card (a lent machine's host name says nothing)
 
     def say(self, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -347,6 +348,7 @@ class ServingRun:
         info = {"label": srv.label, "method": cell.backends[server_index].label, "port": srv.port,
                 "cmd": portable_cmd(srv.cmd),
                 "startup_s": round(startup, 2), "vllm_version": server_version(srv), "device": self.device,
+                "device_uuid": self.device_uuid,
                 "load_average": [round(x, 2) for x in os.getloadavg()],
                 "log": str(srv.log_file.relative_to(self.store.dir)), "started_at": utc_now()}
         self.servers_info.append(info)

@@ -86,10 +86,19 @@ def device_name() -> str:
 def device_uuid() -> str | None:
     """The GPU's UUID, which says which physical card ran an engine (every lent GPU machine's host name is ``vm``,
     so a sweep resumed on another machine would not show it otherwise); None without CUDA. Asks torch only where
-    it is already imported (an engine process)."""
+    it is already imported (an engine process); elsewhere ``nvidia-smi`` (the serving supervisor), whose ``GPU-``
+    prefix is dropped so that both name a card alike."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return None
+        if not shutil.which("nvidia-smi"):
+            return None
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20).stdout.strip().splitlines()
+        except (OSError, subprocess.SubprocessError):
+            return None
+        u = out[0].strip() if out else ""
+        return u.removeprefix("GPU-") or None
     try:
         if torch.cuda.is_available():
             u = getattr(torch.cuda.get_device_properties(0), "uuid", None)
