@@ -123,7 +123,7 @@ def begin_invocation(sweep: SweepConfig, store: SweepStore, groups, say, **extra
     total = sum(len(c) for c in groups.values())
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": socket.gethostname(),
              "cells_planned": total, "cells_already_done": len(store.done_ids()), "models": model_cards(sweep),
-             "engines": [], **extra}
+             "engines": [], **({"selection": store.selection} if store.selection else {}), **extra}
     store.record_invocation(sweep.to_dict(), entry)
     say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")
 

@@ -95,6 +95,7 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
             groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
         planned = [c.run_id for cs in groups.values() for c in cs]
         store.outcome = {"planned": planned, "done": [], "failed": []}
+        store.selection = selection_record(only_methods, only)
         if not planned:  # nothing to run: leave provenance as it is (a rerun of a finished sweep changes no file)
             say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
                 f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
@@ -108,6 +109,20 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
         store.outcome["done"] = [r for r in planned if r in done]
         store.outcome["failed"] = [r for r in planned if r not in done]
     return store
+
+
+def selection_record(only_methods=None, only: Optional[dict] = None) -> Optional[dict[str, list]]:
+    """What an invocation was asked to run of its config (``--methods``; ``--datasets``, ``--batch-sizes``,
+    ``--blocks`` and ``--plan-minutes``' blocks, as ``only``), JSON-ready and sorted; None when it ran all of it.
+    The invocation's provenance entry carries it as ``selection``."""
+    out = {}
+    if only_methods:
+        out["methods"] = sorted(only_methods)
+    for key in ("datasets", "batch_sizes", "blocks"):
+        v = (only or {}).get(key)
+        if v:
+            out[key] = sorted((list(x) if isinstance(x, tuple) else x for x in v), key=str)
+    return out or None
 
 
 def _run_groups(sweep: SweepConfig, store: SweepStore, groups, env, verbose: bool, quiet: bool, say) -> None:

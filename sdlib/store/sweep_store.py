@@ -190,6 +190,9 @@ class SweepStore:
         self.dir = resolve(out_dir)
         #: what the last ``run_sweep`` on this store planned, finished and failed (run ids)
         self.outcome: dict[str, list[str]] = {"planned": [], "done": [], "failed": []}
+        #: what this invocation was asked to run of the config (:func:`sdlib.run.sweep.selection_record`), or None
+        #: for all of it; recorded with the invocation, so a sweep that holds a subset says why
+        self.selection: Optional[dict[str, list]] = None
 
     # cells -----------------------------------------------------------------
     def cell_files(self, run_id: str) -> list[Path]:
