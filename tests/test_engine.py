@@ -94,3 +94,11 @@ def test_resume_computes_only_the_rest(sweep_result):
     assert prov["invocations"][1]["cells_already_done"] == 2
     eng = prov["invocations"][1]["engines"][0]
     assert eng["vllm_version"] and eng["device"]
+
+
+def test_the_invocation_that_ran_part_of_the_config_records_its_selection(sweep_result):
+    """The first run took `only_methods` (as `--methods`): its provenance entry says so; the full rerun's does not."""
+    _, store, _ = sweep_result
+    invs = store.read_provenance()["invocations"]
+    assert len(invs) == 2
+    assert invs[0]["selection"] == {"methods": ["ngram-k3"]} and "selection" not in invs[1]

@@ -301,7 +301,9 @@ class SweepCommand(SweepFileCommand):
 def plan_device_here() -> str:
     """The device ``sdlib sweep --plan-minutes`` calibrates its plan for: the GPU this machine has (``nvidia-smi``;
     an H100's engine starts are not an H200's), else :data:`sdlib.run.budget.DEFAULT_DEVICE`."""
+    # deferred: sdlib.run.budget loads pandas, and only the --plan-minutes path needs it (as _planned_blocks)
     from sdlib.run.budget import DEFAULT_DEVICE
+    # deferred with it: the provenance helpers are needed only where a plan is made
     from sdlib.store.provenance import device_name
 
     name = device_name()
