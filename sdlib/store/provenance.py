@@ -54,6 +54,18 @@ def git_tracked(folder: Path) -> "set[Path] | None":
     return {(folder / p.decode()).resolve() for p in out.stdout.split(b"\0") if p}
 
 
+def _nvidia_smi(field: str) -> str | None:
+    """GPU 0's ``field`` as ``nvidia-smi --query-gpu`` gives it; None without nvidia-smi or an answer."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out[0].strip() or None) if out else None
+
+
 def device_name() -> str:
     """A human-readable device name: the GPU's, or the CPU model. Asks torch only where it is already
     imported (an engine process); elsewhere ``nvidia-smi``, so that a process that only sends requests (the
@@ -65,14 +77,8 @@ def device_name() -> str:
                 return torch.cuda.get_device_name(0)
         except Exception:  # noqa: BLE001
             pass
-    elif shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20).stdout.strip().splitlines()
-            if out and out[0].strip():
-                return out[0].strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
+    elif name := _nvidia_smi("name"):
+        return name
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
@@ -90,15 +96,7 @@ def device_uuid() -> str | None:
     prefix is dropped so that both name a card alike."""
     torch = sys.modules.get("torch")
     if torch is None:
-        if not shutil.which("nvidia-smi"):
-            return None
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20).stdout.strip().splitlines()
-        except (OSError, subprocess.SubprocessError):
-            return None
-        u = out[0].strip() if out else ""
-        return u.removeprefix("GPU-") or None
+        return (_nvidia_smi("uuid") or "").removeprefix("GPU-") or None
     try:
         if torch.cuda.is_available():
             u = getattr(torch.cuda.get_device_properties(0), "uuid", None)
