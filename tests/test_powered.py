@@ -230,3 +230,24 @@ def test_block_status_per_model_follows_method_targets():
     b = P.block_status(runs, prov).set_index("model")
     assert not b.loc["m", "complete"] and b.loc["m", "cells_expected"] == 2  # its n-gram arm has not run
     assert b.loc["n", "complete"] and b.loc["n", "cells_expected"] == 1     # n-gram does not target n
+
+
+def test_the_h100_headline_gsm8k_verdicts_are_the_ones_the_readme_states():
+    """README and FINDINGS (06) say of the H100 headline's GSM8K blocks: both A/A intervals contain 1; at bs 32 every
+    policy but Dynamic SD is established behind the best fixed arm (EAGLE-3 k = 3), at bs 128 every policy is
+    (best fixed EAGLE-3 k = 1); both oracles land beside fixed k = 5 (their intervals over no SD overlap it)."""
+    t = P.powered_tables("data/sweeps/h100_v034_headline", n_boot=50)
+    head, aa, sp = (t[k][t[k]["dataset"] == "gsm8k"] for k in ("headline", "aa", "speedups"))
+    if head.empty:
+        pytest.skip("the GSM8K blocks are not whole in this checkout")
+    assert aa["contains_1"].all() and len(aa) == 2
+    for bs, best in ((32, "eagle3-k3-fixed-eagle3-k3"), (128, "eagle3-k1-fixed-eagle3-k1")):
+        h = head[head["batch_size"] == bs].set_index("arm")
+        assert (h["best_fixed"] == best).all() and (h["aa_ok"]).all()
+        behind = h["established"] & (h["ratio_hi"] < 1)
+        want = set(h.index) - ({"eagle3-k3-dynamic-sd"} if bs == 32 else set())
+        assert set(h.index[behind]) == want
+        s = sp[sp["batch_size"] == bs].set_index("arm")
+        k5 = s.loc["eagle3-k5-fixed-eagle3-k5"]
+        for oracle in ("eagle3-k5-oracle", "eagle3-k5-combine"):
+            assert s.loc[oracle, "ratio_lo"] <= k5["ratio_hi"] and k5["ratio_lo"] <= s.loc[oracle, "ratio_hi"]
