@@ -189,3 +189,27 @@ def test_what_rides_along_goes_beside_the_last_part_when_it_fits_else_in_one_mor
         assert "nothing to resume" in err and "start cold" in err
     finally:
         extra.unlink()
+
+
+def test_travelling_bytes_counts_a_file_deleted_while_it_counts_as_nothing(tmp_path, monkeypatch):
+    """carry.py sizes the checkout while other processes (a parallel test worker) may create and delete files in it:
+    a file listed by git but gone before its stat counts 0 bytes instead of failing the whole count."""
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("carry", REPO_ROOT / "gpu" / "carry.py")
+    carry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(carry)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "kept.bin").write_bytes(b"x" * 100)
+    (tmp_path / "vanishes.bin").write_bytes(b"y" * 50)
+    assert carry.travelling_bytes(tmp_path) == 150
+    real_is_file = Path.is_file
+
+    def is_file_then_gone(self):  # the race: the file exists when asked, and is deleted before its stat
+        ok = real_is_file(self)
+        if self.name == "vanishes.bin" and ok:
+            self.unlink()
+        return ok
+
+    monkeypatch.setattr(Path, "is_file", is_file_then_gone)
+    assert carry.travelling_bytes(tmp_path) == 100
