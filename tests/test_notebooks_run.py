@@ -235,6 +235,26 @@ def test_06_powered_blocks_say_which_blocks_are_compared(notebook_runs):
     assert drawn == whole
 
 
+def test_06_powered_tables_of_the_h100_headline_are_the_analysis(notebook_runs):
+    """The headline's tables that README and FINDINGS quote (each policy over the best fixed arm, over the fixed arm
+    of its own engine, the A/A pairs) are powered_tables of the sweep, ratios, intervals and verdicts."""
+    from sdlib.analysis.powered import powered_tables
+
+    name = "h100_v034_headline"
+    t = powered_tables(f"data/sweeps/{name}")
+    if t["headline"].empty:
+        pytest.skip(f"{name}: no whole block in this checkout")
+    for table in ("headline", "same_engine", "aa"):
+        got = notebook_runs.csv("06_trace_replay", f"06_trace_replay__powered_{table}__sweep={name}.csv")
+        keys = ["dataset", "batch_size", "arm"]
+        got, want = got.sort_values(keys).reset_index(drop=True), t[table].sort_values(keys).reset_index(drop=True)
+        assert got[keys].astype(str).values.tolist() == want[keys].astype(str).values.tolist()
+        for c in ("ratio", "ratio_lo", "ratio_hi"):
+            np.testing.assert_allclose(got[c], want[c], rtol=1e-6)
+        if "established" in want:
+            assert got["established"].astype(bool).tolist() == want["established"].astype(bool).tolist()
+
+
 # ---------------------------------------------------------------------------
 # notebook 07: the measured H200 ratios are the requests' own throughput; the gap shares are the table's
 # ---------------------------------------------------------------------------

@@ -28,7 +28,8 @@ a percentile interval over a handful of clusters is far too narrow.
 
 Usage:
     from sdlib.analysis.powered import powered_tables
-    t = powered_tables("data/sweeps/h200_powered_ngram")   # {"units", "arms", "speedups", "aa", "headline", "versus", "blocks"}
+    t = powered_tables("data/sweeps/h200_powered_ngram")
+    # {"units", "arms", "speedups", "aa", "headline", "same_engine", "versus", "blocks"}
 """
 
 from __future__ import annotations
@@ -231,6 +232,30 @@ def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedu
     return pd.DataFrame(rows)
 
 
+def same_engine_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame,
+                      n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """Per (dataset, batch size): every policy arm (not fixed, not no SD, not an A/A twin) over the fixed arm that
+    runs on the same engine and drafts that engine's whole K (replay ``fixed-<method>-k<K>``), paired like
+    :func:`compare`; ``same_engine_fixed`` names it. Where a vLLM engine verifies its K on every row (0.34), this
+    separates what a policy's plan gains from what its engine's K costs, which the ratio over the best fixed arm
+    (:func:`headline_table`) joins. A policy with no such fixed arm beside it has no row."""
+    twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
+    fixed = arms[(arms["family"] == "fixed") & ~arms["method_label"].isin(twins)
+                 & (arms["replay"] == "fixed-" + arms["method"].astype(str) + "-k" + arms["K"].astype(str))]
+    same = dict(zip(fixed["engine"], fixed["method_label"]))
+    policies = arms[~arms["family"].isin(["fixed", "none"]) & ~arms["method_label"].isin(twins)
+                    & arms["engine"].isin(list(same))]
+    rows = []
+    for (ds, bs), cell in u.groupby(["dataset", "batch_size"]):
+        ran = set(cell["method_label"])
+        for a in policies.itertuples():
+            ref = same[a.engine]
+            if a.method_label in ran and ref in ran:
+                row = compare(u, ds, int(bs), a.method_label, ref, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
+                rows.append({**row, "family": a.family, "same_engine_fixed": ref})
+    return pd.DataFrame(rows)
+
+
 def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, reference: str,
                  n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Every SD arm over one named arm ``reference`` (a shipped rule, e.g. vLLM's adaptive verification) at each
@@ -275,7 +300,8 @@ def block_status(runs: pd.DataFrame, provenance: dict) -> pd.DataFrame:
 def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
                    baseline: Optional[str] = "none") -> dict[str, pd.DataFrame]:
     """``units``, ``arms`` (:func:`arm_info`), ``speedups`` (each arm over no SD), ``aa`` (A/A twins, drift,
-    MDE), ``headline`` (each policy over the best fixed arm) and ``versus`` (each SD arm over each replayed
+    MDE), ``headline`` (each policy over the best fixed arm), ``same_engine`` (each policy over the fixed arm of
+    its own engine: :func:`same_engine_table`) and ``versus`` (each SD arm over each replayed
     shipped rule, family ``baseline``: :func:`versus_table`; empty without one) of one powered sweep's current
     cells, in its complete blocks only; ``blocks`` (:func:`block_status`) says which blocks those are."""
     store = SweepStore(sweep_dir)
@@ -290,12 +316,13 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
     u = units(request_rates(runs, requests))
     if u.empty:  # no block complete yet: nothing to compare
         return {"units": u, "arms": arms, "speedups": pd.DataFrame(), "aa": pd.DataFrame(),
-                "headline": pd.DataFrame(), "versus": pd.DataFrame(), "blocks": blocks}
+                "headline": pd.DataFrame(), "same_engine": pd.DataFrame(), "versus": pd.DataFrame(), "blocks": blocks}
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
     rules = arms.loc[(arms["family"] == "baseline") & arms["aa_of"].isna(), "method_label"]
     vs = [versus_table(u, arms, aa, r, n_boot) for r in rules]
     return {"units": u, "arms": arms, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot),
+            "same_engine": same_engine_table(u, arms, aa, n_boot),
             "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame(), "blocks": blocks}
 
 
