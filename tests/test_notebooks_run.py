@@ -237,11 +237,12 @@ def test_06_powered_blocks_say_which_blocks_are_compared(notebook_runs):
 
 def test_06_powered_tables_of_the_h100_headline_are_the_analysis(notebook_runs):
     """The headline's tables that README and FINDINGS quote (each policy over the best fixed arm, over the fixed arm
-    of its own engine, the A/A pairs) are powered_tables of the sweep, ratios, intervals and verdicts."""
+    of its own engine, the A/A pairs) are powered_tables of the sweep, ratios, intervals and verdicts (at the
+    notebook run's replicates: the tests run notebooks with N_BOOT = TEST_N_BOOT)."""
     from sdlib.analysis.powered import powered_tables
 
     name = "h100_v034_headline"
-    t = powered_tables(f"data/sweeps/{name}")
+    t = powered_tables(f"data/sweeps/{name}", n_boot=notebook_runs.n_boot)  # the replicates the notebook ran with
     if t["headline"].empty:
         pytest.skip(f"{name}: no whole block in this checkout")
     for table in ("headline", "same_engine", "aa"):
