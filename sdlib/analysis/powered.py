@@ -235,14 +235,14 @@ def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedu
 def same_engine_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame,
                       n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per (dataset, batch size): every policy arm (not fixed, not no SD, not an A/A twin) over the fixed arm that
-    runs on the same engine and drafts that engine's whole K (replay ``fixed-<method>-k<K>``), paired like
+    runs on the same engine and drafts that engine's whole K (its replayed policy's k is K), paired like
     :func:`compare`; ``same_engine_fixed`` names it. Where a vLLM engine verifies its K on every row (0.34), this
     separates what a policy's plan gains from what its engine's K costs, which the ratio over the best fixed arm
     (:func:`headline_table`) joins. A policy with no such fixed arm beside it has no row."""
     twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
-    fixed = arms[(arms["family"] == "fixed") & ~arms["method_label"].isin(twins)
-                 & (arms["replay"] == "fixed-" + arms["method"].astype(str) + "-k" + arms["K"].astype(str))]
-    same = dict(zip(fixed["engine"], fixed["method_label"]))
+    fixed = arms[(arms["family"] == "fixed") & ~arms["method_label"].isin(twins) & arms["replay"].notna()]
+    same = {f.engine: f.method_label for f in fixed.itertuples()  # the registry's k of the replayed policy
+            if replay_ref(f.replay, f.method, int(f.K)).k == int(f.K)}
     policies = arms[~arms["family"].isin(["fixed", "none"]) & ~arms["method_label"].isin(twins)
                     & arms["engine"].isin(list(same))]
     rows = []
