@@ -31,3 +31,27 @@ def test_begin_invocation_records_the_selection_and_nothing_without_one(tmp_path
     first, second = json.loads(store.provenance_path.read_text())["invocations"]
     assert "selection" not in first
     assert second["selection"] == {"blocks": [["m", "gsm8k", 1]]}
+
+
+def test_cells_already_done_counts_only_the_selected_cells(tmp_path, monkeypatch):
+    """A store shared by several blocks (a headline run block by block across GPU sessions): an invocation that
+    selects one block counts the done cells of that block, not the other blocks' (it once said 96 for ShareGPT's
+    first invocation, which were GSM8K's cells)."""
+    from sdlib.run.plan import group_cells
+    from sdlib.run.sweep import select_groups
+
+    sweep = parse_sweep({"name": "sel", "models": [{"name": "m", "path": "m"}], "methods": [{"name": "none"}],
+                         "workloads": [{"dataset": "gsm8k", "source": "hub", "num_requests": 2}],
+                         "batch_sizes": [1, 2]})
+    by_bs = {c.batch_size: c.run_id for c in sweep.cells()}
+    assert len(by_bs) == 2
+    store = SweepStore(tmp_path / "sel")
+    monkeypatch.setattr(store, "done_ids", lambda: {by_bs[1]})  # bs 1 done by an earlier invocation
+    selected = select_groups(group_cells(sweep.cells()), None, {"batch_sizes": [2]})
+    assert [c.batch_size for cs in selected.values() for c in cs] == [2]
+    store.selected_ids = {c.run_id for cs in selected.values() for c in cs}
+    begin_invocation(sweep, store, selected, lambda m: None)
+    store.selected_ids = None  # the whole config
+    begin_invocation(sweep, store, selected, lambda m: None)
+    one_block, whole = json.loads(store.provenance_path.read_text())["invocations"]
+    assert one_block["cells_already_done"] == 0 and whole["cells_already_done"] == 1

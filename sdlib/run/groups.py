@@ -119,10 +119,14 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 
 
 def begin_invocation(sweep: SweepConfig, store: SweepStore, groups, say, **extra) -> None:
-    """Record this invocation in provenance.json (``extra``: e.g. the executor) and say what it will run."""
+    """Record this invocation in provenance.json (``extra``: e.g. the executor) and say what it will run.
+    ``cells_already_done`` counts the done cells of what the invocation selected (``store.selected_ids``; every
+    cell of the config when it selected all), not other blocks' cells in the same store."""
     total = sum(len(c) for c in groups.values())
+    selected = store.selected_ids if store.selected_ids is not None else {c.run_id for c in sweep.cells()}
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": socket.gethostname(),
-             "cells_planned": total, "cells_already_done": len(store.done_ids()), "models": model_cards(sweep),
+             "cells_planned": total, "cells_already_done": len(store.done_ids() & selected),
+             "models": model_cards(sweep),
              "engines": [], **({"selection": store.selection} if store.selection else {}), **extra}
     store.record_invocation(sweep.to_dict(), entry)
     say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")

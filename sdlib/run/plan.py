@@ -34,13 +34,16 @@ def model_cards(sweep: SweepConfig) -> dict[str, Any]:
     return out
 
 
+def group_cells(cells) -> "OrderedDict[tuple, list]":
+    """Cells grouped by engine (model, method), in the order given."""
+    groups: "OrderedDict[tuple, list]" = OrderedDict()
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    return groups
+
+
 def plan(sweep: SweepConfig, store: SweepStore, retry_failed: bool = True) -> "OrderedDict[tuple, list]":
     """Cells still to run, grouped by engine (model, method), in config order."""
     done = store.done_ids()
     failed = set(store.failures().get("run_id", [])) if not retry_failed else set()
-    groups: "OrderedDict[tuple, list]" = OrderedDict()
-    for c in sweep.cells():
-        if c.run_id in done or c.run_id in failed:
-            continue
-        groups.setdefault(c.group, []).append(c)
-    return groups
+    return group_cells(c for c in sweep.cells() if c.run_id not in done and c.run_id not in failed)

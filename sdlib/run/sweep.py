@@ -24,7 +24,7 @@ from typing import Any, Optional
 from sdlib.config import ConfigError, SweepConfig, in_blocks, load_sweep, parse_sweep
 from sdlib.run.groups import _child_env, _on_sigterm, _orphans, begin_invocation, end_invocation, run_group
 from sdlib.run.inputs import check_inputs, record_inputs
-from sdlib.run.plan import plan
+from sdlib.run.plan import group_cells, plan
 from sdlib.run.preflight import preflight
 from sdlib.store import FolderLock, SweepStore
 
@@ -81,21 +81,12 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
             say(f"sweep {sweep.name}: ended {n_orphans} engine group(s) a killed sweep left running")
         inputs = check_inputs(sweep, store)  # a trace or prompt file changed under done cells: one line, no file written
         store.set_current(recorded_form(sweep, store), [c.run_id for c in sweep.cells()])
-        groups = plan(sweep, store, retry_failed=retry_failed)
-        if only_methods:
-            groups = OrderedDict((g, c) for g, c in groups.items()
-                                 if g[1] in only_methods or c[0].method.name in only_methods
-                                 or c[0].method.label in only_methods)
-        if only:
-            bs, ds, blocks = only.get("batch_sizes"), only.get("datasets"), only.get("blocks")
-            groups = OrderedDict((g, [c for c in cs if (not bs or c.batch_size in bs)
-                                      and (not ds or c.workload.label in ds)
-                                      and (blocks is None or in_blocks(c.part_key, blocks))])
-                                 for g, cs in groups.items())
-            groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
+        groups = select_groups(plan(sweep, store, retry_failed=retry_failed), only_methods, only)
         planned = [c.run_id for cs in groups.values() for c in cs]
         store.outcome = {"planned": planned, "done": [], "failed": []}
         store.selection = selection_record(only_methods, only)
+        store.selected_ids = {c.run_id for cs in select_groups(group_cells(sweep.cells()), only_methods, only).values()
+                              for c in cs}
         if not planned:  # nothing to run: leave provenance as it is (a rerun of a finished sweep changes no file)
             say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
                 f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
@@ -109,6 +100,25 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
         store.outcome["done"] = [r for r in planned if r in done]
         store.outcome["failed"] = [r for r in planned if r not in done]
     return store
+
+
+def select_groups(groups: "OrderedDict[tuple, list]", only_methods=None,
+                  only: Optional[dict] = None) -> "OrderedDict[tuple, list]":
+    """The engine groups' cells that an invocation was asked to run: ``--methods`` (a group's method label, or its
+    first cell's method name or label); ``only``'s ``batch_sizes``, ``datasets`` and ``blocks``. Groups left with no
+    cell are dropped."""
+    if only_methods:
+        groups = OrderedDict((g, c) for g, c in groups.items()
+                             if g[1] in only_methods or c[0].method.name in only_methods
+                             or c[0].method.label in only_methods)
+    if only:
+        bs, ds, blocks = only.get("batch_sizes"), only.get("datasets"), only.get("blocks")
+        groups = OrderedDict((g, [c for c in cs if (not bs or c.batch_size in bs)
+                                  and (not ds or c.workload.label in ds)
+                                  and (blocks is None or in_blocks(c.part_key, blocks))])
+                             for g, cs in groups.items())
+        groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
+    return groups
 
 
 def selection_record(only_methods=None, only: Optional[dict] = None) -> Optional[dict[str, list]]:

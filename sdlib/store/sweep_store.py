@@ -193,6 +193,8 @@ class SweepStore:
         #: what this invocation was asked to run of the config (:func:`sdlib.run.sweep.selection_record`), or None
         #: for all of it; recorded with the invocation, so a sweep that holds a subset says why
         self.selection: Optional[dict[str, list]] = None
+        #: the run ids of the config's cells this invocation selected, done or not (None: every cell of the config)
+        self.selected_ids: Optional[set[str]] = None
 
     # cells -----------------------------------------------------------------
     def cell_files(self, run_id: str) -> list[Path]:
