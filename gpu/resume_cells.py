@@ -60,10 +60,9 @@ def option(args: list[str], name: str) -> str | None:
 def resume_files(stem: str, args: list[str], card: str, root: Path = ROOT) -> tuple[str, int, list[Path]]:
     """(sweep name, done cells carried, their files) of one job: every file of each done cell it would run, in
     whole (model, dataset, batch size, engine start, repeat) parts."""
-    from collections import defaultdict
-
     from sdlib.config import in_blocks, load_sweep
     from sdlib.run.budget import parse_blocks
+    from sdlib.run.plan import done_in_whole_parts
     from sdlib.store import SweepStore
 
     name = f"{card}_{stem}"
@@ -78,10 +77,7 @@ def resume_files(stem: str, args: list[str], card: str, root: Path = ROOT) -> tu
     if blocks_text:
         blocks = {b[:3] for b in parse_blocks(blocks_text, cfg)}  # the whole block: a part's neighbours too
         cells = [c for c in cells if in_blocks(c.part_key, blocks)]
-    parts = defaultdict(set)
-    for c in cells:
-        parts[c.part_key].add(c.run_id)
-    keep = sorted(rid for ids in parts.values() if ids <= done for rid in ids)
+    keep = sorted(done_in_whole_parts(cells, done))
     files = [f for rid in keep for f in store.cell_files(rid)]
     return name, len(keep), files
 

@@ -175,6 +175,22 @@ def test_resume_skips_done_cells():
     assert done.groups.empty and budget.select_blocks(done, p, sw, 30).blocks.empty
 
 
+def test_whole_parts_counts_a_done_cell_only_in_a_whole_part():
+    """`sdlib plan --whole-parts` plans what a GPU session re-runs: the cells of a part left half done (here every
+    part has only its no-SD cell done) run again; a whole part's cells are skipped."""
+    sw = parse_sweep(sweep_dict())
+    cells = sw.cells()
+    none_ids = {c.run_id for c in cells if c.method.name == "none"}
+    p = planner()
+    assert p.estimate(sw, _Store(none_ids), whole_parts=True).cells["done"].sum() == 0
+    part = cells[0].part_key
+    whole = {c.run_id for c in cells if c.part_key == part}
+    assert 1 < len(whole) < len(cells)
+    est = p.estimate(sw, _Store(whole | none_ids), whole_parts=True)
+    assert set(est.cells.loc[est.cells["done"], "run_id"]) == whole
+    assert not p.estimate(sw, _Store(whole), whole_parts=True, from_scratch=True).cells["done"].any()
+
+
 def test_blocks_and_priority_parse_errors():
     sw = parse_sweep(sweep_dict())
     assert budget.parse_blocks("gsm8k:4, m/sharegpt:1", sw) == {("m", "gsm8k", 4), ("m", "sharegpt", 1)}

@@ -332,6 +332,7 @@ class PlanCommand(Command):
     datasets: Optional[list[str]] = None
     results_dir: Optional[str] = None
     from_scratch: bool = False
+    whole_parts: bool = False
     cells: bool = False
     cost_model: Optional[str] = None
     device: str = "NVIDIA H200"
@@ -352,6 +353,9 @@ class PlanCommand(Command):
         parser.add_argument("--results-dir",
                             help="the results folder whose done cells are skipped (default: the config's)")
         parser.add_argument("--from-scratch", action="store_true", help="plan every cell, as if none were done")
+        parser.add_argument("--whole-parts", action="store_true",
+                            help="count a done cell as done only when its whole part (model, dataset, batch size, "
+                                 "engine start, repeat) is, as a GPU session resumes (gpu/resume_cells.py)")
         parser.add_argument("--cells", action="store_true", help="also print every cell's estimate")
         parser.add_argument("--cost-model",
                             help="engine cost model JSON (default: data/costmodels/h200_replay_engine.json)")
@@ -399,7 +403,8 @@ class PlanCommand(Command):
         budget.parse_priority(self.priority, sweep)  # a bad --priority fails before anything is priced
         bp = budget.plan_budget(sweep, SweepStore(sweep.out_dir), minutes, self.priority,
                                 _only(self.batch_sizes, self.datasets, sweep), cost_model=cost_model,
-                                device=self.device, vllm_version=self.vllm_version, from_scratch=self.from_scratch)
+                                device=self.device, vllm_version=self.vllm_version, from_scratch=self.from_scratch,
+                                whole_parts=self.whole_parts)
         print(budget.format_plan(bp, sweep, self.config, self.priority))
         if self.cells:
             print()

@@ -78,6 +78,7 @@ import pandas as pd
 from sdlib.config import Cell, ConfigError, SweepConfig, WorkloadConfig, in_blocks, parse_sweep
 from sdlib.core.registry import DRAFTERS, method_spec, replay_ref
 from sdlib.paths import SWEEPS_DIR, resolve
+from sdlib.run.plan import done_in_whole_parts
 
 #: Tokens per step of an SD cell whose acceptance is not known before it runs (no replay plan, no synthetic
 #: acceptance): 1, as without SD, so the estimate errs high.
@@ -380,12 +381,15 @@ class Planner:
                           getattr(c, "warmup_tokens", None))
 
     def estimate(self, sweep: SweepConfig, store=None, from_scratch: bool = False,
-                 retry_failed: bool = True) -> SweepEstimate:
+                 retry_failed: bool = True, whole_parts: bool = False) -> SweepEstimate:
         """Every cell of ``sweep`` priced, done ones (in ``store``; also failed ones unless ``retry_failed``)
-        marked ``done``; groups of the cells to run."""
+        marked ``done``; groups of the cells to run. ``whole_parts``: a done cell counts as done only when its
+        whole part is (:func:`sdlib.run.plan.done_in_whole_parts`), as a GPU session resumes."""
         done = set() if (store is None or from_scratch) else store.done_ids()
         if store is not None and not from_scratch and not retry_failed:
             done |= set(store.failures().get("run_id", []))
+        if whole_parts:
+            done = done_in_whole_parts(sweep.cells(), done)
         rows = []
         for c in sweep.cells():
             r = self.cell_row(c)
@@ -843,13 +847,14 @@ def block_parts(cells: pd.DataFrame, block: tuple, cost, budget: Optional[float]
 def plan_budget(sweep: SweepConfig, store=None, minutes: Optional[float] = None, priority: Optional[str] = None,
                 only: Optional[dict] = None, cost_model=None, calibration: Optional[Calibration] = None,
                 device: str = DEFAULT_DEVICE, vllm_version: Optional[str] = None,
-                from_scratch: bool = False, retry_failed: bool = True) -> BudgetPlan:
-    """:func:`estimate_sweep` then :func:`select_blocks` (``priority``: the ``--priority`` text)."""
+                from_scratch: bool = False, retry_failed: bool = True, whole_parts: bool = False) -> BudgetPlan:
+    """:func:`estimate_sweep` then :func:`select_blocks` (``priority``: the ``--priority`` text; ``whole_parts``:
+    see :meth:`Planner.estimate`)."""
     pri = parse_priority(priority, sweep)
     if minutes is not None and (not math.isfinite(minutes) or minutes < 0):
         raise ConfigError(f"--gpu-minutes: expected a number >= 0, got {minutes}")
     planner = calibrated_planner(cost_model, calibration, device, vllm_version)
-    est = planner.estimate(sweep, store, from_scratch, retry_failed)
+    est = planner.estimate(sweep, store, from_scratch, retry_failed, whole_parts)
     return select_blocks(est, planner, sweep, minutes, pri, only)
 
 

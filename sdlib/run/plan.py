@@ -42,6 +42,16 @@ def group_cells(cells) -> "OrderedDict[tuple, list]":
     return groups
 
 
+def done_in_whole_parts(cells, done: set[str]) -> set[str]:
+    """The run ids of ``done`` cells whose part (model, dataset, batch size, engine start, repeat: ``part_key``) is
+    done whole among ``cells``. A GPU session resumes only those (gpu/resume_cells.py): the powered analysis pairs
+    arms within a part, so one left half done is run again whole, on one machine."""
+    parts: dict = {}
+    for c in cells:
+        parts.setdefault(c.part_key, set()).add(c.run_id)
+    return {rid for ids in parts.values() if ids <= done for rid in ids}
+
+
 def plan(sweep: SweepConfig, store: SweepStore, retry_failed: bool = True) -> "OrderedDict[tuple, list]":
     """Cells still to run, grouped by engine (model, method), in config order."""
     done = store.done_ids()
