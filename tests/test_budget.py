@@ -188,6 +188,7 @@ def test_whole_parts_counts_a_done_cell_only_in_a_whole_part():
     assert 1 < len(whole) < len(cells)
     est = p.estimate(sw, _Store(whole | none_ids), whole_parts=True)
     assert set(est.cells.loc[est.cells["done"], "run_id"]) == whole
+    assert f"--whole-parts: {len(none_ids - whole)} done cell(s) in parts left half done are planned again" in est.notes
     assert not p.estimate(sw, _Store(whole), whole_parts=True, from_scratch=True).cells["done"].any()
 
 

@@ -388,8 +388,13 @@ class Planner:
         done = set() if (store is None or from_scratch) else store.done_ids()
         if store is not None and not from_scratch and not retry_failed:
             done |= set(store.failures().get("run_id", []))
+        notes = config_notes(sweep)
         if whole_parts:
-            done = done_in_whole_parts(sweep.cells(), done)
+            whole = done_in_whole_parts(sweep.cells(), done)
+            cut = len(done & {c.run_id for c in sweep.cells()}) - len(whole)
+            if cut:
+                notes.append(f"--whole-parts: {cut} done cell(s) in parts left half done are planned again")
+            done = whole
         rows = []
         for c in sweep.cells():
             r = self.cell_row(c)
@@ -405,7 +410,7 @@ class Planner:
         cells = pd.DataFrame(rows)
         cells = _assign_warmups(cells)
         est = SweepEstimate(sweep.name, cells, pd.DataFrame(), self.cal, self.device, self.vllm_version,
-                            getattr(self.ecm, "name", ""), notes=config_notes(sweep))
+                            getattr(self.ecm, "name", ""), notes=notes)
         est.groups = self.group_table(cells[~cells["done"]])
         return est
 
