@@ -46,15 +46,17 @@ def queue_jobs(queue: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-def option(args: list[str], name: str) -> str | None:
-    """The value of ``name`` in ``args`` (``--x v`` or ``--x=v``); the last one wins, as in argparse."""
-    out = None
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            out = args[i + 1]
-        elif a.startswith(name + "="):
-            out = a.split("=", 1)[1]
-    return out
+def sweep_blocks(args: list[str]) -> str | None:
+    """The ``--blocks`` text of a ``card_sweep.sh`` job's ``sdlib sweep`` options, read by ``sdlib sweep``'s own
+    parser (so ``--blocks=v``, a repeated option and an abbreviation mean what they mean there)."""
+    import argparse
+
+    from sdlib.commands.sweep import SweepCommand
+
+    parser = argparse.ArgumentParser(add_help=False)
+    SweepCommand.add_cli_args(parser)
+    ns, _ = parser.parse_known_args(["CONFIG", *args])
+    return ns.blocks
 
 
 def resume_files(stem: str, args: list[str], card: str, root: Path = ROOT) -> tuple[str, int, list[Path]]:
@@ -73,7 +75,7 @@ def resume_files(stem: str, args: list[str], card: str, root: Path = ROOT) -> tu
     done = store.done_ids()
     cfg = load_sweep(root / "configs" / f"{name}.yaml")
     cells = cfg.cells()
-    blocks_text = option(args, "--blocks")
+    blocks_text = sweep_blocks(args)
     if blocks_text:
         blocks = {b[:3] for b in parse_blocks(blocks_text, cfg)}  # the whole block: a part's neighbours too
         cells = [c for c in cells if in_blocks(c.part_key, blocks)]

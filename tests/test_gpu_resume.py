@@ -213,3 +213,11 @@ def test_travelling_bytes_counts_a_file_deleted_while_it_counts_as_nothing(tmp_p
 
     monkeypatch.setattr(Path, "is_file", is_file_then_gone)
     assert carry.travelling_bytes(tmp_path) == 100
+
+
+def test_a_jobs_blocks_are_read_as_sdlib_sweep_reads_them():
+    mod = _module()
+    assert mod.sweep_blocks(["--blocks", "gsm8k:32,gsm8k:128"]) == "gsm8k:32,gsm8k:128"
+    assert mod.sweep_blocks(["--blocks=gsm8k:1", "--strict"]) == "gsm8k:1"
+    assert mod.sweep_blocks(["--blocks", "a:1", "--blocks", "b:2"]) == "b:2"  # the last wins, as in sdlib sweep
+    assert mod.sweep_blocks(["--plan-minutes", "20"]) is None and mod.sweep_blocks([]) is None
