@@ -14,7 +14,7 @@ done by a session that ran out (a cut job, an engine start whose provenance was 
 starts. Needs sdlib's environment (``.venv/bin/python gpu/resume_cells.py ...``).
 
 Usage:
-    .venv/bin/python gpu/resume_cells.py gpu/queue_v034_m.txt --card h100
+    .venv/bin/python gpu/resume_cells.py gpu/queue_v034_n.txt --card h100
 """
 
 from __future__ import annotations

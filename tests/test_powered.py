@@ -264,6 +264,37 @@ def test_the_h100_headline_gsm8k_verdicts_are_the_ones_the_readme_states():
     assert e32.loc["eagle3-k5-combine", "established"] and e32.loc["eagle3-k5-combine", "ratio_lo"] > 1
 
 
+def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
+    """README and FINDINGS (06) say of the H100 headline's ShareGPT blocks (start 0 on the twelfth session's H100,
+    start 1 on the thirteenth's), from notebook 06's committed tables: both A/A intervals contain 1; nothing is
+    established ahead of the best fixed arm; at bs 32 (best fixed EAGLE-3 k = 3) only the online policy and ADAPTIVE
+    are established behind it, at bs 128 (best fixed EAGLE-3 k = 1) every policy is; on the K = 5 engine Oracle
+    Proposal is not established either way against fixed k = 5, and neither is Combine (at bs 32 its interval
+    excludes 1 by less than the A/A drift); the online policy is established behind fixed k = 5 at both."""
+    fig = REPO_ROOT / "figures"
+
+    def table(name):
+        return pd.read_csv(fig / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv").query(
+            "dataset == 'sharegpt'")
+
+    head, aa, same, blocks = table("headline"), table("aa"), table("same_engine"), table("blocks")
+    assert len(blocks) == 2 and blocks["complete"].all()
+    policies = {"eagle3-k3-dynamic-sd", "eagle3-k5-combine", "eagle3-k5-online", "eagle3-k5-oracle",
+                "ngram-k5-specdecode-adaptive"}
+    assert len(aa) == 2 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
+    for bs, best, behind_want in ((32, "eagle3-k3-fixed-eagle3-k3", {"eagle3-k5-online", "ngram-k5-specdecode-adaptive"}),
+                                  (128, "eagle3-k1-fixed-eagle3-k1", policies)):
+        h = head[head["batch_size"] == bs].set_index("arm")
+        assert set(h.index) == policies and (h["best_fixed"] == best).all() and h["aa_ok"].all()
+        assert not (h["established"] & (h["ratio_lo"] > 1)).any()
+        assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == behind_want
+        e = same[same["batch_size"] == bs].set_index("arm")
+        assert not e.loc["eagle3-k5-oracle", "established"] and not e.loc["eagle3-k5-combine", "established"]
+        assert e.loc["eagle3-k5-online", "established"] and e.loc["eagle3-k5-online", "ratio_hi"] < 1
+    c32 = same[same["batch_size"] == 32].set_index("arm").loc["eagle3-k5-combine"]
+    assert 1 < c32["ratio_lo"] < 1 + c32["aa_drift"]  # excludes 1, but not by the drift
+
+
 def test_each_policy_is_divided_by_the_fixed_arm_of_its_own_engine():
     """same_engine_table pairs a policy with the fixed arm on its engine that drafts the engine's whole K (the
     headline: the K = 5 EAGLE-3 policies with fixed k = 5, Dynamic SD with fixed k = 3, ADAPTIVE with n-gram k = 5);
