@@ -188,7 +188,14 @@ def test_whole_parts_counts_a_done_cell_only_in_a_whole_part():
     assert 1 < len(whole) < len(cells)
     est = p.estimate(sw, _Store(whole | none_ids), whole_parts=True)
     assert set(est.cells.loc[est.cells["done"], "run_id"]) == whole
-    assert f"--whole-parts: {len(none_ids - whole)} done cell(s) in parts left half done are planned again" in est.notes
+    assert set(est.cells.loc[est.cells["half_done"], "run_id"]) == none_ids - whole
+    text = budget.format_plan(budget.select_blocks(est, p, sw, None), sw)
+    assert f"--whole-parts: {len(none_ids - whole)} done cell(s) in parts left half done are planned again" in text
+    # only the planned blocks' half-done cells are counted (one dataset's plan says nothing of another's)
+    other = next(c for c in cells if c.workload.label != cells[0].workload.label)
+    only = budget.select_blocks(est, p, sw, None, only={"datasets": [other.workload.label]})
+    n_other = len({c.run_id for c in cells if c.workload.label == other.workload.label} & (none_ids - whole))
+    assert int(only.cells["half_done"].sum()) == n_other
     assert not p.estimate(sw, _Store(whole), whole_parts=True, from_scratch=True).cells["done"].any()
 
 

@@ -220,4 +220,5 @@ def test_a_jobs_blocks_are_read_as_sdlib_sweep_reads_them():
     assert mod.sweep_blocks(["--blocks", "gsm8k:32,gsm8k:128"]) == "gsm8k:32,gsm8k:128"
     assert mod.sweep_blocks(["--blocks=gsm8k:1", "--strict"]) == "gsm8k:1"
     assert mod.sweep_blocks(["--blocks", "a:1", "--blocks", "b:2"]) == "b:2"  # the last wins, as in sdlib sweep
+    assert mod.sweep_blocks(["--block", "gsm8k:1"]) == "gsm8k:1"  # an abbreviation, as argparse takes it
     assert mod.sweep_blocks(["--plan-minutes", "20"]) is None and mod.sweep_blocks([]) is None

@@ -55,3 +55,54 @@ def test_cells_already_done_counts_only_the_selected_cells(tmp_path, monkeypatch
     begin_invocation(sweep, store, selected, lambda m: None)
     one_block, whole = json.loads(store.provenance_path.read_text())["invocations"]
     assert one_block["cells_already_done"] == 0 and whole["cells_already_done"] == 1
+
+
+def test_run_sweep_records_the_selected_blocks_counts(tmp_path, monkeypatch):
+    """The wiring: run_sweep with --blocks on a store that holds another block's done cells records, at the start
+    and at the end of the invocation, counts over the selected block only (no engine starts: the groups' runner is
+    replaced by one that marks its cells done)."""
+    import sdlib.run.sweep as S
+    from sdlib.run.groups import begin_invocation as begin, end_invocation as end
+
+    sweep = parse_sweep({"name": "sel", "results_dir": str(tmp_path), "models": [{"name": "m", "path": "m"}],
+                         "methods": [{"name": "none"}, {"name": "ngram", "num_spec_tokens": 3}],
+                         "workloads": [{"dataset": "gsm8k", "source": "hub", "num_requests": 2}],
+                         "batch_sizes": [1, 2]})
+    by_bs = {bs: {c.run_id for c in sweep.cells() if c.batch_size == bs} for bs in (1, 2)}
+    done = set(by_bs[1])  # bs 1 done by an earlier invocation
+    monkeypatch.setattr(SweepStore, "done_ids", lambda self: set(done))
+    monkeypatch.setattr(S, "preflight", lambda sweep: None)
+    monkeypatch.setattr(S, "check_inputs", lambda sweep, store: None)
+    monkeypatch.setattr(S, "record_inputs", lambda store, inputs: None)
+    ran = []
+
+    def fake_run_groups(sweep, store, groups, env, verbose, quiet, say):
+        begin(sweep, store, groups, say)
+        ran.extend(c.run_id for cs in groups.values() for c in cs)
+        done.update(ran)
+        end(sweep, store, say)
+
+    monkeypatch.setattr(S, "_run_groups", fake_run_groups)
+    store = S.run_sweep(sweep, quiet=True, only={"blocks": {("m", "gsm8k", 2)}})
+    assert set(ran) == by_bs[2]
+    inv = json.loads(store.provenance_path.read_text())["invocations"][-1]
+    assert (inv["cells_planned"], inv["cells_already_done"], inv["cells_done"], inv["cells_failed"]) == \
+        (len(by_bs[2]), 0, len(by_bs[2]), 0)
+    assert inv["selection"] == {"blocks": [["m", "gsm8k", 2]]}
+
+
+def test_methods_select_one_policy_of_an_engine_group():
+    """--methods names a policy of a replay engine's group: that policy's cells alone (a real run and --dry-run both
+    select with select_groups), whichever cell comes first in the group; the engine's label selects them all."""
+    from types import SimpleNamespace as NS
+
+    from sdlib.run.sweep import select_groups
+
+    def cell(label, name="eagle3"):
+        return NS(method=NS(label=label, name=name), batch_size=1, workload=NS(label="gsm8k"), part_key=("m",))
+
+    g = ("m", "eagle3-k5", 0)
+    groups = {g: [cell("eagle3-k5-fixed-eagle3-k5"), cell("eagle3-k5-oracle"), cell("eagle3-k5-online")]}
+    assert [c.method.label for c in select_groups(groups, ["eagle3-k5-oracle"])[g]] == ["eagle3-k5-oracle"]
+    assert len(select_groups(groups, ["eagle3-k5"])[g]) == 3
+    assert select_groups(groups, ["ngram-k3"]) == {}

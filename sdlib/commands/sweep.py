@@ -217,20 +217,13 @@ class SweepCommand(SweepFileCommand):
             if only is None:
                 return 0
         if self.dry_run:
-            # deferred: sdlib.config loads pydantic, and the command's module stays light
-            from sdlib.config import in_blocks
+            from sdlib.run.sweep import select_groups  # the selection a real run makes
 
             preflight(sweep)
-            groups = plan(sweep, SweepStore(sweep.out_dir), retry_failed=not self.skip_failed)
+            groups = select_groups(plan(sweep, SweepStore(sweep.out_dir), retry_failed=not self.skip_failed),
+                                   methods, only)
             n = 0
             for (model, eng, start), cells in groups.items():
-                cells = [c for c in cells if (not methods or eng in methods or c.method.label in methods
-                                              or c.method.name in methods)
-                         and (not only.get("batch_sizes") or c.batch_size in only["batch_sizes"])
-                         and (not only.get("datasets") or c.workload.label in only["datasets"])
-                         and ("blocks" not in only or in_blocks(c.part_key, only["blocks"]))]
-                if not cells:
-                    continue
                 n += len(cells)
                 print(f"engine {model} / {eng}" + (f" (start {start})" if start else "") + f": {len(cells)} cell(s)")
                 for c in cells:

@@ -388,13 +388,10 @@ class Planner:
         done = set() if (store is None or from_scratch) else store.done_ids()
         if store is not None and not from_scratch and not retry_failed:
             done |= set(store.failures().get("run_id", []))
-        notes = config_notes(sweep)
+        half_done: set[str] = set()
         if whole_parts:
             whole = done_in_whole_parts(sweep.cells(), done)
-            cut = len(done & {c.run_id for c in sweep.cells()}) - len(whole)
-            if cut:
-                notes.append(f"--whole-parts: {cut} done cell(s) in parts left half done are planned again")
-            done = whole
+            half_done, done = done - whole, whole
         rows = []
         for c in sweep.cells():
             r = self.cell_row(c)
@@ -406,11 +403,12 @@ class Planner:
                                                                                    c.batch_size),
                          "part_key": c.part_key,
                          "warm_key": warm_key, **r, "warmup_each_s": r["warmup_s"],
-                         "overhead_s": self.cal.cell_overhead_s, "done": c.run_id in done})
+                         "overhead_s": self.cal.cell_overhead_s, "done": c.run_id in done,
+                         "half_done": c.run_id in half_done})
         cells = pd.DataFrame(rows)
         cells = _assign_warmups(cells)
         est = SweepEstimate(sweep.name, cells, pd.DataFrame(), self.cal, self.device, self.vllm_version,
-                            getattr(self.ecm, "name", ""), notes=notes)
+                            getattr(self.ecm, "name", ""), notes=config_notes(sweep))
         est.groups = self.group_table(cells[~cells["done"]])
         return est
 
@@ -878,6 +876,9 @@ def format_plan(bp: BudgetPlan, sweep: SweepConfig, config_arg: str = "CONFIG", 
              f"calibration: {est.calibration.source}; per engine process {est.calibration.process_overhead_s:.1f} s, "
              f"per cell {est.calibration.cell_overhead_s:.2f} s"]
     lines += est.notes
+    n_half = int(bp.cells["half_done"].sum()) if "half_done" in bp.cells else 0
+    if n_half:  # --whole-parts: done cells of the planned blocks whose part is not whole run again
+        lines.append(f"--whole-parts: {n_half} done cell(s) in parts left half done are planned again")
     g = bp.groups
     if bp.budget_s is not None:
         lines.append(f"budget {bp.budget_s / 60:g} min: {int(bp.blocks['selected'].sum())} of {len(bp.blocks)} "

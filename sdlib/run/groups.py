@@ -120,10 +120,10 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 
 def begin_invocation(sweep: SweepConfig, store: SweepStore, groups, say, **extra) -> None:
     """Record this invocation in provenance.json (``extra``: e.g. the executor) and say what it will run.
-    ``cells_already_done`` counts the done cells of what the invocation selected (``store.selected_ids``; every
-    cell of the config when it selected all), not other blocks' cells in the same store."""
+    ``cells_already_done`` counts the done cells of what the invocation selected (:func:`selected_ids`), not other
+    blocks' cells in the same store."""
     total = sum(len(c) for c in groups.values())
-    selected = store.selected_ids if store.selected_ids is not None else {c.run_id for c in sweep.cells()}
+    selected = selected_ids(sweep, store)
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": sys.argv, "host": socket.gethostname(),
              "cells_planned": total, "cells_already_done": len(store.done_ids() & selected),
              "models": model_cards(sweep),
@@ -132,13 +132,22 @@ def begin_invocation(sweep: SweepConfig, store: SweepStore, groups, say, **extra
     say(f"sweep {sweep.name}: {total} cell(s) to run in {len(groups)} engine(s); results in {store.dir}")
 
 
+def selected_ids(sweep: SweepConfig, store: SweepStore) -> set[str]:
+    """The run ids an invocation selected (``store.selected_ids``, set by :func:`sdlib.run.sweep.run_sweep`), or
+    every cell of the config when it selected all."""
+    return store.selected_ids if store.selected_ids is not None else {c.run_id for c in sweep.cells()}
+
+
 def end_invocation(sweep: SweepConfig, store: SweepStore, say) -> None:
-    """Record the invocation's end and what is done; say so."""
-    ids = {c.run_id for c in sweep.cells()}
+    """Record the invocation's end: ``cells_done`` and ``cells_failed`` among the cells it selected (as
+    ``cells_already_done``), so ``cells_done - cells_already_done`` is what it added; say so."""
+    ids = selected_ids(sweep, store)
     done = store.done_ids() & ids
-    store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(done),
-                                 "cells_failed": len(store.failures())})
-    say(f"sweep {sweep.name}: {len(done)} of {len(ids)} cell(s) done, {len(store.failures())} failed")
+    failures = store.failures()
+    failed = set(failures["run_id"]) & ids if len(failures) else set()
+    store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(done), "cells_failed": len(failed)})
+    what = "selected cell(s)" if store.selected_ids is not None else "cell(s)"
+    say(f"sweep {sweep.name}: {len(done)} of {len(ids)} {what} done, {len(failed)} failed")
 
 
 def group_tag(key: tuple) -> str:

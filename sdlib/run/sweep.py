@@ -85,8 +85,8 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
         planned = [c.run_id for cs in groups.values() for c in cs]
         store.outcome = {"planned": planned, "done": [], "failed": []}
         store.selection = selection_record(only_methods, only)
-        store.selected_ids = {c.run_id for cs in select_groups(group_cells(sweep.cells()), only_methods, only).values()
-                              for c in cs}
+        store.selected_ids = None if store.selection is None else {
+            c.run_id for cs in select_groups(group_cells(sweep.cells()), only_methods, only).values() for c in cs}
         if not planned:  # nothing to run: leave provenance as it is (a rerun of a finished sweep changes no file)
             say(f"sweep {sweep.name}: nothing to run; {len(store.done_ids() & set(c.run_id for c in sweep.cells()))}"
                 f" cell(s) done, {len(store.failures())} failed; results in {store.dir}")
@@ -104,21 +104,21 @@ def _locked_sweep(sweep: SweepConfig, store: SweepStore, say, retry_failed, only
 
 def select_groups(groups: "OrderedDict[tuple, list]", only_methods=None,
                   only: Optional[dict] = None) -> "OrderedDict[tuple, list]":
-    """The engine groups' cells that an invocation was asked to run: ``--methods`` (a group's method label, or its
-    first cell's method name or label); ``only``'s ``batch_sizes``, ``datasets`` and ``blocks``. Groups left with no
-    cell are dropped."""
-    if only_methods:
-        groups = OrderedDict((g, c) for g, c in groups.items()
-                             if g[1] in only_methods or c[0].method.name in only_methods
-                             or c[0].method.label in only_methods)
-    if only:
-        bs, ds, blocks = only.get("batch_sizes"), only.get("datasets"), only.get("blocks")
-        groups = OrderedDict((g, [c for c in cs if (not bs or c.batch_size in bs)
-                                  and (not ds or c.workload.label in ds)
-                                  and (blocks is None or in_blocks(c.part_key, blocks))])
-                             for g, cs in groups.items())
-        groups = OrderedDict((g, cs) for g, cs in groups.items() if cs)
-    return groups
+    """The engine groups' cells that an invocation was asked to run (``sdlib sweep`` and its ``--dry-run`` both):
+    ``--methods`` (a group's engine label, or a cell's method name or label: one policy of a replay engine's group
+    is selected alone); ``only``'s ``batch_sizes``, ``datasets`` and ``blocks``. Groups left with no cell are
+    dropped."""
+    only = only or {}
+    bs, ds, blocks = only.get("batch_sizes"), only.get("datasets"), only.get("blocks")
+
+    def wanted(g, c) -> bool:
+        return ((not only_methods or g[1] in only_methods or c.method.name in only_methods
+                 or c.method.label in only_methods)
+                and (not bs or c.batch_size in bs) and (not ds or c.workload.label in ds)
+                and (blocks is None or in_blocks(c.part_key, blocks)))
+
+    out = OrderedDict((g, [c for c in cs if wanted(g, c)]) for g, cs in groups.items())
+    return OrderedDict((g, cs) for g, cs in out.items() if cs)
 
 
 def selection_record(only_methods=None, only: Optional[dict] = None) -> Optional[dict[str, list]]:

@@ -512,8 +512,8 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
         print(f"serve: ended orphaned server {e.get('label')} from an earlier run", file=sys.stderr)
     store = ServingStore(cfg.out_dir)
     failed = set(store.failures().get("run_id", [])) if not retry_failed else set()
-    todo = [c for c in cfg.cells() if not store.is_done(c.run_id) and c.run_id not in failed
-            and (not only or c.label in only)]
+    selected = {c.run_id for c in cfg.cells() if not only or c.label in only}  # what this invocation may run
+    todo = [c for c in cfg.cells() if c.run_id in selected and not store.is_done(c.run_id) and c.run_id not in failed]
     if not todo:
         print(f"serving {cfg.name}: nothing to run; {len(store.done_ids())} cell(s) done, {len(store.failures())} "
               f"failed; results in {store.dir}", file=sys.stderr)
@@ -525,7 +525,7 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
 
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": portable_cmd(sys.argv),
              "host": os.uname().nodename,
-             "cells_planned": len(todo), "cells_already_done": len(store.done_ids()), "models": model_cards(cfg),
+             "cells_planned": len(todo), "cells_already_done": len(store.done_ids() & selected), "models": model_cards(cfg),
              "execution": cfg.execution, "installed_vllm": installed_vllm_version(),
              "client": {"kind": "sdlib.serve.client", "aiohttp": aiohttp.__version__,
                         "python": sys.version.split()[0], "nice": cfg.traffic.client_nice},
@@ -554,10 +554,11 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-        store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": len(store.done_ids()),
-                                     "cells_failed": len(store.failures())})
-    print(f"serving {cfg.name}: {len(store.done_ids())} cell(s) done, {len(store.failures())} failed",
-          file=sys.stderr)
+        failures = store.failures()
+        n_failed = len(set(failures["run_id"]) & selected) if len(failures) else 0
+        n_done = len(store.done_ids() & selected)  # among the selected cells, as cells_already_done
+        store.update_invocation(-1, {"finished_at": utc_now(), "cells_done": n_done, "cells_failed": n_failed})
+    print(f"serving {cfg.name}: {n_done} of {len(selected)} cell(s) done, {n_failed} failed", file=sys.stderr)
     return store
 
 
