@@ -525,7 +525,8 @@ def run_serving(config: str | Path | ServingConfig, retry_failed: bool = True, o
 
     entry = {"started_at": utc_now(), "git_commit": git_commit(), "argv": portable_cmd(sys.argv),
              "host": os.uname().nodename,
-             "cells_planned": len(todo), "cells_already_done": len(store.done_ids() & selected), "models": model_cards(cfg),
+             "cells_planned": len(todo), "cells_already_done": len(store.done_ids() & selected),
+             "models": model_cards(cfg),
              "execution": cfg.execution, "installed_vllm": installed_vllm_version(),
              "client": {"kind": "sdlib.serve.client", "aiohttp": aiohttp.__version__,
                         "python": sys.version.split()[0], "nice": cfg.traffic.client_nice},
