@@ -296,6 +296,39 @@ def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
     assert 1 < c32["ratio_lo"] < 1 + c32["aa_drift"]  # excludes 1, but not by the drift
 
 
+
+def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states():
+    """README and FINDINGS (06) say of the H100 headline's CNN/DailyMail blocks (both starts on the fourteenth
+    session's H100, which slowed down during start 1), from notebook 06's committed tables: both A/A intervals
+    contain 1, with drifts above 5%; nothing is established ahead of the best fixed arm; at bs 32 (best fixed EAGLE-3
+    k = 5, the policies' own engine) only ADAPTIVE is established behind it, while Combine and the online policy
+    exclude 1 by less than the drift; at bs 128 (best fixed EAGLE-3 k = 1) Oracle Proposal, the online policy and
+    ADAPTIVE are, and Combine excludes 1 by less than the drift; on the K = 5 engine no policy is established against
+    fixed k = 5."""
+    fig = REPO_ROOT / "figures"
+
+    def table(name):
+        return pd.read_csv(fig / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv").query(
+            "dataset == 'cnn_dailymail'")
+
+    head, aa, same, blocks = table("headline"), table("aa"), table("same_engine"), table("blocks")
+    assert len(blocks) == 2 and blocks["complete"].all()
+    assert len(aa) == 2 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
+    assert (aa["drift"] > 0.05).all()
+    behind = {32: {"ngram-k5-specdecode-adaptive"},
+              128: {"eagle3-k5-oracle", "eagle3-k5-online", "ngram-k5-specdecode-adaptive"}}
+    within_drift = {32: {"eagle3-k5-combine", "eagle3-k5-online"}, 128: {"eagle3-k5-combine"}}
+    for bs, best in ((32, "eagle3-k5-fixed-eagle3-k5"), (128, "eagle3-k1-fixed-eagle3-k1")):
+        h = head[head["batch_size"] == bs].set_index("arm")
+        assert len(h) == 5 and (h["best_fixed"] == best).all() and h["aa_ok"].all()
+        assert not (h["established"] & (h["ratio_lo"] > 1)).any()
+        assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == behind[bs]
+        excl = h[~h["established"] & ((h["ratio_lo"] > 1) | (h["ratio_hi"] < 1))]
+        assert set(excl.index) == within_drift[bs]
+        e = same[(same["batch_size"] == bs) & same["arm"].str.startswith("eagle3-k5-")]
+        assert len(e) == 3 and not e["established"].any()
+
+
 def test_each_policy_is_divided_by_the_fixed_arm_of_its_own_engine():
     """same_engine_table pairs a policy with the fixed arm on its engine that drafts the engine's whole K (the
     headline: the K = 5 EAGLE-3 policies with fixed k = 5, Dynamic SD with fixed k = 3, ADAPTIVE with n-gram k = 5);
