@@ -298,8 +298,8 @@ def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
 
 
 def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states():
-    """README and FINDINGS (06) say of the H100 headline's CNN/DailyMail blocks (both starts on the fourteenth
-    session's H100, which slowed down during start 1), from notebook 06's committed tables: both A/A intervals
+    """FINDINGS (06) says of the H100 headline's CNN/DailyMail blocks (both starts on the fourteenth session's H100,
+    which slowed down during start 1), and README in part, from notebook 06's committed tables: both A/A intervals
     contain 1, with drifts above 5%; nothing is established ahead of the best fixed arm; at bs 32 (best fixed EAGLE-3
     k = 5, the policies' own engine) only ADAPTIVE is established behind it, while Combine and the online policy
     exclude 1 by less than the drift; at bs 128 (best fixed EAGLE-3 k = 1) Oracle Proposal, the online policy and
