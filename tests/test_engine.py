@@ -1,11 +1,14 @@
-"""Engine tests on the CPU build of vLLM: counters, lossless identical draft, resume.
+"""Engine tests on the CPU build of vLLM: counters, lossless identical draft, resume, the GPU state per cell.
 
 One module-scoped sweep (2 methods x 2 batch sizes x 8 requests), run in two
-invocations: first only n-gram (an "interrupted" sweep), then everything.
+invocations: first only n-gram (an "interrupted" sweep), then everything. The second runs with a stand-in
+``nvidia-smi`` on PATH (it answers only the worker's GPU-state query), so its cells record a GPU state.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 
 import pytest
 
@@ -17,6 +20,14 @@ from sdlib.run.sweep import run_sweep
 pytestmark = pytest.mark.engine
 
 K = 3
+#: What the stand-in nvidia-smi prints for the GPU-state query (n = the how-many-th call): SM clock, memory clock,
+#: temperature, power, clock-event reasons (SW power cap).
+FAKE_SMI = """#!/bin/sh
+case "$*" in *clocks.sm*) ;; *) exit 9 ;; esac
+echo "$*" >> "{log}"
+n=$(wc -l < "{log}")
+echo "$((1000 + n)), 2619, 41, 117.30, 0x0000000000000004"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +52,13 @@ def sweep_result(tmp_path_factory):
     })
     first = run_sweep(cfg, only_methods=["ngram-k3"], quiet=True)
     files_after_first = {p: p.stat().st_mtime_ns for p in first.dir.rglob("*.parquet")}
-    store = run_sweep(cfg, quiet=True)
+    bindir = tmp_path_factory.mktemp("smi")
+    smi = bindir / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(log=bindir / "calls.log"))
+    smi.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+        store = run_sweep(cfg, quiet=True)
     return cfg, store, files_after_first
 
 
@@ -102,3 +119,22 @@ def test_the_invocation_that_ran_part_of_the_config_records_its_selection(sweep_
     invs = store.read_provenance()["invocations"]
     assert len(invs) == 2
     assert invs[0]["selection"] == {"methods": ["ngram-k3"]} and "selection" not in invs[1]
+
+
+def test_each_cell_records_the_gpu_state_before_and_after_its_requests(sweep_result):
+    """Without nvidia-smi (the first invocation's n-gram cells, on a machine without one) the ``gpu_*`` columns
+    are unknown; with it (the stand-in of the second invocation) each cell records one sample before its
+    requests and one after (the stand-in's SM clock counts its calls up: end = start + 1 within a cell)."""
+    _, store, _ = sweep_result
+    runs = store.read("runs").set_index("method_label")
+    gpu = ["gpu_sm_mhz_start", "gpu_sm_mhz_end", "gpu_mem_mhz_end", "gpu_temp_c_end", "gpu_power_w_end"]
+    if shutil.which("nvidia-smi") is None:  # a real one would answer for the first invocation's cells
+        ngram = runs.loc["ngram-k3"]
+        assert len(ngram) == 2 and ngram[gpu].isna().all().all() and ngram["gpu_clock_events_end"].isna().all()
+    selfd = runs.loc["self-draft"]
+    assert len(selfd) == 2
+    assert (selfd["gpu_sm_mhz_end"] == selfd["gpu_sm_mhz_start"] + 1).all(), selfd[gpu]
+    assert sorted(selfd["gpu_sm_mhz_start"]) == [1001.0, 1003.0]  # two calls per cell, none elsewhere
+    assert (selfd["gpu_mem_mhz_end"] == 2619).all() and (selfd["gpu_temp_c_end"] == 41).all()
+    assert selfd["gpu_power_w_end"].tolist() == pytest.approx([117.3, 117.3])
+    assert (selfd["gpu_clock_events_end"] == "0x0000000000000004").all()

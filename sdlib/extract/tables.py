@@ -59,13 +59,17 @@ def _custom_drafted_k_every_step(result, counters: dict[str, Any], k: int, run_i
 
 
 def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at: str,
-                 detailed_requested: bool, replay: Optional[dict[int, dict[int, int]]] = None
+                 detailed_requested: bool, replay: Optional[dict[int, dict[int, int]]] = None,
+                 gpu_start: Optional[dict[str, Any]] = None, gpu_end: Optional[dict[str, Any]] = None
                  ) -> dict[str, pd.DataFrame]:
     """``{"runs", "requests", "steps", "engine_steps"}`` DataFrames for one cell.
 
     ``replay`` (trace replay): per prompt index, output position -> tokens the engine verified there
     (:func:`sdlib.run.replay.drafted_per_step`); steps then come from the tokens gained per step
     (``accepted = gained - 1``) with ``drafted`` from the plan, and ``acceptance_source`` is ``replay``.
+
+    ``gpu_start``, ``gpu_end``: the GPU's state just before and just after the measured requests
+    (:func:`sdlib.store.gpu_state.gpu_state`); the ``gpu_*`` columns are unknown without them.
     """
     run_id = cell.run_id
     k = cell.method.k
@@ -144,6 +148,7 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "status": "ok",
         "started_at": started_at,
         "git_commit": _commit(),
+        **gpu_columns(gpu_start, gpu_end),
     }])
     steps = pd.DataFrame(step_rows, columns=columns("steps"))
     return {
@@ -151,6 +156,25 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
         "requests": conform("requests", pd.DataFrame(req_rows, columns=_cols("requests"))),
         "steps": conform("steps", steps),
         "engine_steps": conform("engine_steps", pd.DataFrame(eng_rows, columns=_cols("engine_steps"))),
+    }
+
+
+def gpu_columns(start: Optional[dict[str, Any]], end: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The ``runs`` row's ``gpu_*`` columns from two :func:`sdlib.store.gpu_state.gpu_state` samples (NaN / None
+    for a sample not taken or a value not known)."""
+    start, end = start or {}, end or {}
+
+    def num(d: dict[str, Any], key: str) -> float:
+        x = d.get(key)
+        return float("nan") if x is None else float(x)
+
+    return {
+        "gpu_sm_mhz_start": num(start, "sm_mhz"),
+        "gpu_sm_mhz_end": num(end, "sm_mhz"),
+        "gpu_mem_mhz_end": num(end, "mem_mhz"),
+        "gpu_temp_c_end": num(end, "temp_c"),
+        "gpu_power_w_end": num(end, "power_w"),
+        "gpu_clock_events_end": end.get("clock_events") or None,
     }
 
 

@@ -33,6 +33,7 @@ from sdlib.models.shapes import write_shape
 from sdlib.run.driver import drive
 from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
 from sdlib.store import SweepStore, utc_now, write_json_atomic
+from sdlib.store.gpu_state import gpu_state
 from sdlib.store.provenance import device_name, device_uuid
 from sdlib.vllm import compat as vc
 from sdlib.vllm import confidence_stop as cs
@@ -193,9 +194,12 @@ def run_group(spec: dict[str, Any]) -> int:
                 cs.reset(llm)
             before = vc.read_spec_counters(llm)
             n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
+            # the card's clocks, temperature, power, throttle reasons: sampled outside the timed requests
+            gpu_start = gpu_state()
             with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
                 result = drive(engine, prompts, cell.batch_size, params, mode=cell.batch_mode,
                                spec_metrics=vc.request_spec_metrics, progress=pbar)
+            gpu_end = gpu_state()
             counters = vc.diff_counters(vc.read_spec_counters(llm), before)
             replay = None
             if by_index is not None:
@@ -208,7 +212,7 @@ def run_group(spec: dict[str, Any]) -> int:
             if cell.method.confidence_stop is not None:
                 store.write_json(f"confidence_stop/{cell.run_id}.json", cs.stats(llm))
             tables = build_tables(cell, result, counters, sweep=sweep.name, started_at=started_at,
-                                  detailed_requested=detailed, replay=replay)
+                                  detailed_requested=detailed, replay=replay, gpu_start=gpu_start, gpu_end=gpu_end)
             check_concurrency(cell, tables["runs"])  # a batch the engine capped below B is a failure
             tables["step_phases"] = phases_frame(cell.run_id, timers.collect() if timers is not None else [])
             if _STOPPING.is_set() or not supervisor_alive():

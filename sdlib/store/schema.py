@@ -49,6 +49,18 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("status", "string", "ok"),
         ("started_at", "string", "UTC ISO time the cell started"),
         ("git_commit", "string", "commit of the code that ran the cell, '-dirty' when the tree had changes (null in cells written before it was recorded)"),
+        ("gpu_sm_mhz_start", "float64", "GPU SM clock just before the measured requests, MHz (nvidia-smi clocks.sm, "
+         "sdlib.store.gpu_state; NaN without nvidia-smi, e.g. on CPU, and in cells written before it was recorded)"),
+        ("gpu_sm_mhz_end", "float64", "GPU SM clock just after the measured requests, MHz (same)"),
+        ("gpu_mem_mhz_end", "float64", "GPU memory clock just after the measured requests, MHz (nvidia-smi clocks.mem; "
+         "same)"),
+        ("gpu_temp_c_end", "float64", "GPU temperature just after the measured requests, degrees C (nvidia-smi "
+         "temperature.gpu; same)"),
+        ("gpu_power_w_end", "float64", "GPU power draw just after the measured requests, W (nvidia-smi power.draw; "
+         "same)"),
+        ("gpu_clock_events_end", "string", "clock-event (throttle) reasons active just after the measured requests, "
+         "nvidia-smi's hex bitmask, e.g. 0x0000000000000004 = SW power cap (sdlib.store.gpu_state.clock_event_names); "
+         "null without nvidia-smi and in cells written before it was recorded"),
     ],
     "requests": [
         ("run_id", "string", "cell id (runs.run_id)"),
@@ -195,7 +207,9 @@ TABLES.update({
 #: Columns added after tables were committed, with what a file written before them means: null (unknown) unless a
 #: value is given here. The committed files are never rewritten to add them.
 ADDED_COLUMNS: dict[str, dict[str, object]] = {
-    "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0, "git_commit": None},
+    "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0, "git_commit": None,
+             "gpu_sm_mhz_start": None, "gpu_sm_mhz_end": None, "gpu_mem_mhz_end": None, "gpu_temp_c_end": None,
+             "gpu_power_w_end": None, "gpu_clock_events_end": None},
 }
 
 

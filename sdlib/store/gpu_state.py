@@ -1,0 +1,126 @@
+"""The GPU's state at one moment, from one ``nvidia-smi`` call: SM and memory clocks, temperature, power draw, and
+the clock-event (throttle) reasons active then.
+
+A sweep samples it just before and just after each cell's measured requests (:mod:`sdlib.run.worker`), outside
+the timed window, and the cell's ``runs`` row records it (``gpu_*`` columns): a cell slower than its twins then
+says whether the card ran at lower clocks, and why (power cap, thermal slowdown: :func:`clock_event_names`).
+
+Never raises: without ``nvidia-smi`` (a CPU machine, CI), or when it fails or hangs, every value is unknown
+(NaN, and None for the reasons).
+
+Usage:
+    from sdlib.store.gpu_state import gpu_state, clock_event_names
+    s = gpu_state()  # {"sm_mhz": 1980.0, "mem_mhz": 2619.0, "temp_c": 41.0, "power_w": 117.3,
+                     #  "clock_events": "0x0000000000000004"}
+    clock_event_names(s["clock_events"])  # ["sw_power_cap"]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from typing import Any, Optional
+
+#: ``nvidia-smi --query-gpu`` fields, in the order of :data:`KEYS`; the reasons field comes last.
+FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw")
+#: Keys of :func:`gpu_state`'s numbers (MHz, MHz, degrees C, W), one per field of :data:`FIELDS`.
+KEYS = ("sm_mhz", "mem_mhz", "temp_c", "power_w")
+#: The active clock-event reasons: the current name first, then the one drivers before 535 know.
+EVENT_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+#: Seconds one ``nvidia-smi`` call may take before the state counts as unknown.
+TIMEOUT_S = 5.0
+#: Bits of the reasons mask (NVML's ``nvmlClocksEventReason*``).
+CLOCK_EVENT_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+#: The reasons field this machine's nvidia-smi answered last (tried first next time, so a sample is one call).
+_working_event_field: Optional[str] = None
+
+
+def unknown() -> dict[str, Any]:
+    """The state where nothing is known: NaN numbers, no reasons."""
+    return {**{k: math.nan for k in KEYS}, "clock_events": None}
+
+
+def _number(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:  # "[N/A]", "[Not Supported]", ""
+        return math.nan
+    return x if math.isfinite(x) else math.nan
+
+
+def _mask(text: str) -> Optional[str]:
+    """The reasons bitmask as nvidia-smi prints it (``0x...``), None if it is not one (``[N/A]``)."""
+    try:
+        int(text, 16)
+    except ValueError:
+        return None
+    return text if text.lower().startswith("0x") else None
+
+
+def parse(line: str) -> Optional[dict[str, Any]]:
+    """One line of ``nvidia-smi --query-gpu=<FIELDS>,<reasons> --format=csv,noheader,nounits``; None if it is not
+    such a line (an error message, a wrong number of fields). Fields the card does not report are NaN / None."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != len(FIELDS) + 1:
+        return None
+    return {**dict(zip(KEYS, (_number(p) for p in parts[:-1]))), "clock_events": _mask(parts[-1])}
+
+
+def _device() -> str:
+    """The card to ask about: the first of ``CUDA_VISIBLE_DEVICES`` (the engine's device 0) where it is set,
+    else GPU 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return first or "0"
+
+
+def gpu_state() -> dict[str, Any]:
+    """The GPU's clocks (MHz), temperature (C), power draw (W) and active clock-event reasons (a hex bitmask
+    string, :func:`clock_event_names`), keys :data:`KEYS` and ``clock_events``; NaN / None for what is not known.
+
+    One ``nvidia-smi`` call (a second, with the older reasons field name, only where a driver rejects the newer
+    one); all unknown without nvidia-smi or when it fails or takes over :data:`TIMEOUT_S`. Never raises."""
+    global _working_event_field
+    try:
+        if not shutil.which("nvidia-smi"):
+            return unknown()
+        order = [f for f in (_working_event_field, *EVENT_FIELDS) if f]
+        for field in dict.fromkeys(order):
+            cmd = ["nvidia-smi", "-i", _device(), f"--query-gpu={','.join((*FIELDS, field))}",
+                   "--format=csv,noheader,nounits"]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return unknown()  # a hung driver: no second wait
+            lines = (out.stdout or "").strip().splitlines()
+            state = parse(lines[0]) if out.returncode == 0 and lines else None
+            if state is not None:
+                _working_event_field = field
+                return state
+        return unknown()
+    except Exception:  # noqa: BLE001 - a measurement aid must never fail a cell
+        return unknown()
+
+
+def clock_event_names(mask: Optional[str]) -> list[str]:
+    """The reasons a clock-event bitmask (``0x...``, as :func:`gpu_state` gives it) names, e.g.
+    ``["sw_power_cap"]``; unknown bits as ``0x...``; empty for no reason, None or an unreadable mask."""
+    try:
+        bits = int(mask, 16) if mask else 0
+    except (TypeError, ValueError):
+        return []
+    names = [name for bit, name in CLOCK_EVENT_BITS.items() if bits & bit]
+    rest = bits & ~sum(CLOCK_EVENT_BITS)
+    return names + ([hex(rest)] if rest else [])
