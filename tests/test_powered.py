@@ -327,7 +327,33 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
         assert set(excl.index) == within_drift[bs]
         e = same[(same["batch_size"] == bs) & same["arm"].str.startswith("eagle3-k5-")]
         assert len(e) == 3 and not e["established"].any()
+    # the machine slowed down during start 1: every arm's start-1 rate over its start-0 rate, the block's median
+    starts = pd.read_csv(fig / "06_trace_replay__powered_starts__sweep=h100_v034_headline.csv")
+    med = starts.groupby(["dataset", "batch_size"])["block_median"].first()
+    assert (med.loc["cnn_dailymail"] < 0.92).all()
+    assert med.drop("cnn_dailymail", level="dataset").between(0.95, 1.06).all()
 
+
+
+def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():
+    """start_table: per arm, the sum of its start-1 rates over the sum of its start-0 rates on the (repeat, prompt)
+    units both starts ran, and the block's median / min / max over its arms."""
+    rows = []
+    for arm, factor in (("a", 0.8), ("b", 1.0), ("c", 1.3)):
+        for s in (0, 1):
+            for rep in (0, 1):
+                for k, base in enumerate((10.0, 20.0, 40.0)):
+                    rows.append(("d", 4, arm, s, rep, k, base * (factor if s else 1.0)))
+    rows.append(("d", 4, "c", 1, 2, 0, 99.0))  # a unit start 0 never ran: not paired, left out
+    u = pd.DataFrame(rows, columns=["dataset", "batch_size", "method_label", "engine_start", "repeat",
+                                    "prompt_index", "rate"])
+    s = P.start_table(u).set_index("arm")
+    assert s["ratio"].to_dict() == pytest.approx({"a": 0.8, "b": 1.0, "c": 1.3})
+    assert (s["n_units"] == 6).all() and (s["engine_start"] == 1).all()
+    assert s["block_median"].tolist() == pytest.approx([1.0] * 3) and s["block_min"].iloc[0] == pytest.approx(0.8)
+    assert s["block_max"].iloc[0] == pytest.approx(1.3)
+    one_start = u[u["engine_start"] == 0]
+    assert P.start_table(one_start).empty  # a single start has nothing to compare
 
 def test_each_policy_is_divided_by_the_fixed_arm_of_its_own_engine():
     """same_engine_table pairs a policy with the fixed arm on its engine that drafts the engine's whole K (the

@@ -22,6 +22,10 @@ a percentile interval over a handful of clusters is far too narrow.
   believed) and its own interval excludes 1 by more than the block's A/A drift (``lo > 1 + drift`` or
   ``hi < 1 - drift``: the convention's "excludes 1 by more than the A/A drift on the same engines"); otherwise it
   is "not established". ``aa_drift`` in each comparison's row is the drift it was held to.
+* ``starts`` (:func:`start_table`): each arm's rate at each later engine start over its rate at the first, and
+  the block's median over its arms: a machine or engine that moved between the starts shows there. A move that
+  is the same for every arm cancels in the comparisons; one that differs by engine (a slowdown that begins in
+  the middle of the run) biases the ratios between arms of different engines.
 * ``mde``: the minimum detectable effect of the block, ``exp((t_0.975 + t_0.8) * se(log A/A)) - 1`` on the same
   degrees of freedom: the smallest relative difference a paired comparison of this size detects with 80% power
   at the 5% level.
@@ -29,7 +33,7 @@ a percentile interval over a handful of clusters is far too narrow.
 Usage:
     from sdlib.analysis.powered import powered_tables
     t = powered_tables("data/sweeps/h200_powered_ngram")
-    # {"units", "arms", "speedups", "aa", "headline", "same_engine", "versus", "blocks"}
+    # {"units", "arms", "speedups", "aa", "headline", "same_engine", "versus", "starts", "blocks"}
 """
 
 from __future__ import annotations
@@ -267,6 +271,25 @@ def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, referenc
     return _over(u[ran.astype(bool)], arms, aa, reference, skip, n_boot)
 
 
+def start_table(u: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, batch size, arm) and engine start after the block's first: ``ratio``, the arm's rate at that
+    start over its rate at the first, a ratio of sums paired on (repeat, prompt) like every comparison here
+    (``n_units`` pairs); ``block_median`` / ``block_min`` / ``block_max`` over the block's arms at that start. A
+    steady machine gives ratios near 1 for every arm. No interval: it describes the run, it is not a finding."""
+    cols = ["dataset", "batch_size", "arm", "engine_start", "ratio", "n_units"]
+    rows = []
+    for (ds, bs, arm), g in u.groupby(["dataset", "batch_size", "method_label"]):
+        starts = sorted(g["engine_start"].unique())
+        first = g[g["engine_start"] == starts[0]]
+        for s in starts[1:]:
+            m = g[g["engine_start"] == s].merge(first, on=["repeat", "prompt_index"], suffixes=("", "_0"))
+            if len(m) and m["rate_0"].sum() > 0:
+                rows.append((ds, int(bs), arm, int(s), float(m["rate"].sum() / m["rate_0"].sum()), len(m)))
+    df = pd.DataFrame(rows, columns=cols)
+    g = df.groupby(["dataset", "batch_size", "engine_start"])["ratio"]
+    return df.assign(block_median=g.transform("median"), block_min=g.transform("min"), block_max=g.transform("max"))
+
+
 def block_status(runs: pd.DataFrame, provenance: dict) -> pd.DataFrame:
     """Per (model, dataset, batch size) the sweep holds cells of: ``cells_expected`` (every arm the config runs
     there, at every engine start and repeat of the design), ``cells_done`` and ``complete``. A sweep still being
@@ -301,9 +324,10 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
                    baseline: Optional[str] = "none") -> dict[str, pd.DataFrame]:
     """``units``, ``arms`` (:func:`arm_info`), ``speedups`` (each arm over no SD), ``aa`` (A/A twins, drift,
     MDE), ``headline`` (each policy over the best fixed arm), ``same_engine`` (each policy over the fixed arm of
-    its own engine: :func:`same_engine_table`) and ``versus`` (each SD arm over each replayed
-    shipped rule, family ``baseline``: :func:`versus_table`; empty without one) of one powered sweep's current
-    cells, in its complete blocks only; ``blocks`` (:func:`block_status`) says which blocks those are."""
+    its own engine: :func:`same_engine_table`), ``versus`` (each SD arm over each replayed
+    shipped rule, family ``baseline``: :func:`versus_table`; empty without one) and ``starts`` (each arm's later
+    engine starts over its first: :func:`start_table`) of one powered sweep's current cells, in its complete
+    blocks only; ``blocks`` (:func:`block_status`) says which blocks those are."""
     store = SweepStore(sweep_dir)
     runs, requests = store.read("runs"), store.read("requests")
     prov = store.read_provenance()
@@ -316,14 +340,16 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
     u = units(request_rates(runs, requests))
     if u.empty:  # no block complete yet: nothing to compare
         return {"units": u, "arms": arms, "speedups": pd.DataFrame(), "aa": pd.DataFrame(),
-                "headline": pd.DataFrame(), "same_engine": pd.DataFrame(), "versus": pd.DataFrame(), "blocks": blocks}
+                "headline": pd.DataFrame(), "same_engine": pd.DataFrame(), "versus": pd.DataFrame(),
+                "starts": pd.DataFrame(), "blocks": blocks}
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
     rules = arms.loc[(arms["family"] == "baseline") & arms["aa_of"].isna(), "method_label"]
     vs = [versus_table(u, arms, aa, r, n_boot) for r in rules]
     return {"units": u, "arms": arms, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot),
             "same_engine": same_engine_table(u, arms, aa, n_boot),
-            "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame(), "blocks": blocks}
+            "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame(), "starts": start_table(u),
+            "blocks": blocks}
 
 
 def replayed_tokens_per_step(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
