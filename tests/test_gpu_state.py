@@ -24,7 +24,7 @@ def _is_unknown(state: dict) -> bool:
 
 @pytest.fixture
 def smi(monkeypatch):
-    """A stand-in for ``subprocess.run`` of nvidia-smi: ``answers`` maps the reasons field queried to a
+    """A stand-in for ``gpu_state._run`` of nvidia-smi: ``answers`` maps the reasons field queried to a
     CompletedProcess (or an exception to raise); every call's argv is in ``calls``."""
     monkeypatch.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
     monkeypatch.setattr(gs, "_working_event_field", None)
@@ -38,9 +38,9 @@ def smi(monkeypatch):
         ans = fake.answers[query.rsplit(",", 1)[1]]
         if isinstance(ans, BaseException):
             raise ans
-        return ans
+        return ans.returncode, ans.stdout
 
-    monkeypatch.setattr(gs.subprocess, "run", run)
+    monkeypatch.setattr(gs, "_run", run)
     return fake
 
 
@@ -86,6 +86,31 @@ def test_the_first_visible_card_is_asked_about(smi, monkeypatch):
     assert smi.calls[0][1:3] == ["-i", "3"]
 
 
+def test_the_engine_card_is_asked_about_by_its_uuid(smi, monkeypatch):
+    smi.answers["clocks_event_reasons.active"] = _done(LINE)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")  # CUDA's numbering: not used when the card is named
+    gs.gpu_state(gs.card("7983f8c6-4982-3663-b94c-787d585de6f1"))
+    assert smi.calls[0][1:3] == ["-i", "GPU-7983f8c6-4982-3663-b94c-787d585de6f1"]
+    assert gs.card(None) is None and gs.card("GPU-ab") == "GPU-ab" and gs.card("MIG-cd") == "MIG-cd"
+
+
+def test_an_answer_counts_whatever_the_exit_status_and_after_a_warning_line(smi):
+    smi.answers["clocks_event_reasons.active"] = _done("WARNING: infoROM is corrupted at gpu 0000:01:00.0\n"
+                                                       + LINE + "\n", rc=14)
+    s = gs.gpu_state()
+    assert s["sm_mhz"] == 1980.0 and s["clock_events"] == "0x0000000000000004" and len(smi.calls) == 1
+
+
+def test_a_hanging_command_is_killed_and_not_waited_for():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        gs._run(["sleep", "30"], timeout=0.2)
+    assert time.monotonic() - t0 < 5
+    assert gs._run(["echo", "1, 2, 3, 4, 0x0"], timeout=5) == (0, "1, 2, 3, 4, 0x0\n")
+
+
 def test_an_older_driver_falls_back_to_the_throttle_reasons_field_and_keeps_it(smi):
     smi.answers["clocks_event_reasons.active"] = _done(
         'Field "clocks_event_reasons.active" is not a valid field to query.\n', rc=2)
@@ -104,7 +129,7 @@ def test_no_nvidia_smi_means_unknown(monkeypatch):
     def never(*a, **k):
         raise AssertionError("nvidia-smi is not there: nothing to run")
 
-    monkeypatch.setattr(gs.subprocess, "run", never)
+    monkeypatch.setattr(gs, "_run", never)
     assert _is_unknown(gs.gpu_state())
 
 

@@ -334,26 +334,30 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
     assert med.drop("cnn_dailymail", level="dataset").between(0.95, 1.06).all()
 
 
-
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():
     """start_table: per arm, the sum of its start-1 rates over the sum of its start-0 rates on the (repeat, prompt)
     units both starts ran, and the block's median / min / max over its arms."""
     rows = []
-    for arm, factor in (("a", 0.8), ("b", 1.0), ("c", 1.3)):
+    # per prompt, start 1's factor; prompts of unequal rates, so a ratio of sums differs from a mean of ratios
+    factors = {"a": (0.5, 1.0, 0.8), "b": (1.0, 1.0, 1.0), "c": (2.0, 1.0, 1.3)}
+    for arm, fs in factors.items():
         for s in (0, 1):
             for rep in (0, 1):
                 for k, base in enumerate((10.0, 20.0, 40.0)):
-                    rows.append(("d", 4, arm, s, rep, k, base * (factor if s else 1.0)))
+                    rows.append(("d", 4, arm, s, rep, k, base * (fs[k] if s else 1.0)))
     rows.append(("d", 4, "c", 1, 2, 0, 99.0))  # a unit start 0 never ran: not paired, left out
     u = pd.DataFrame(rows, columns=["dataset", "batch_size", "method_label", "engine_start", "repeat",
                                     "prompt_index", "rate"])
     s = P.start_table(u).set_index("arm")
-    assert s["ratio"].to_dict() == pytest.approx({"a": 0.8, "b": 1.0, "c": 1.3})
+    want = {arm: (10 * fs[0] + 20 * fs[1] + 40 * fs[2]) / 70 for arm, fs in factors.items()}  # a 0.814, c 1.314
+    assert s["ratio"].to_dict() == pytest.approx(want)
+    assert abs(want["a"] - sum(factors["a"]) / 3) > 0.04  # the mean of ratios would be 0.767: not what is kept
     assert (s["n_units"] == 6).all() and (s["engine_start"] == 1).all()
-    assert s["block_median"].tolist() == pytest.approx([1.0] * 3) and s["block_min"].iloc[0] == pytest.approx(0.8)
-    assert s["block_max"].iloc[0] == pytest.approx(1.3)
+    assert s["block_median"].tolist() == pytest.approx([1.0] * 3)
+    assert s["block_min"].iloc[0] == pytest.approx(want["a"]) and s["block_max"].iloc[0] == pytest.approx(want["c"])
     one_start = u[u["engine_start"] == 0]
     assert P.start_table(one_start).empty  # a single start has nothing to compare
+
 
 def test_each_policy_is_divided_by_the_fixed_arm_of_its_own_engine():
     """same_engine_table pairs a policy with the fixed arm on its engine that drafts the engine's whole K (the

@@ -272,10 +272,11 @@ def versus_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, referenc
 
 
 def start_table(u: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, batch size, arm) and engine start after the block's first: ``ratio``, the arm's rate at that
-    start over its rate at the first, a ratio of sums paired on (repeat, prompt) like every comparison here
-    (``n_units`` pairs); ``block_median`` / ``block_min`` / ``block_max`` over the block's arms at that start. A
-    steady machine gives ratios near 1 for every arm. No interval: it describes the run, it is not a finding."""
+    """Per (dataset, batch size, arm) and engine start after the arm's first: ``ratio``, the arm's rate at that
+    start over its rate at its first, a ratio of sums paired on (repeat, prompt) like every comparison here
+    (``n_units`` pairs); ``block_median`` / ``block_min`` / ``block_max`` over the block's arms at that start (an
+    engine that serves several arms counts once per arm). A steady machine gives ratios near 1 for every arm. No
+    interval: it describes the run, it is not a finding. Like the comparisons, it pools a block's models."""
     cols = ["dataset", "batch_size", "arm", "engine_start", "ratio", "n_units"]
     rows = []
     for (ds, bs, arm), g in u.groupby(["dataset", "batch_size", "method_label"]):

@@ -33,7 +33,7 @@ from sdlib.models.shapes import write_shape
 from sdlib.run.driver import drive
 from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
 from sdlib.store import SweepStore, utc_now, write_json_atomic
-from sdlib.store.gpu_state import gpu_state
+from sdlib.store.gpu_state import card, gpu_state
 from sdlib.store.provenance import device_name, device_uuid
 from sdlib.vllm import compat as vc
 from sdlib.vllm import confidence_stop as cs
@@ -130,6 +130,7 @@ def run_group(spec: dict[str, Any]) -> int:
     warmed: set[int] = set()  # batch sizes warmed up on this engine (warmup_scope "batch_size")
     dead = None
     bar = tqdm(cells, desc=f"{model.name} / {method.label}", unit="cell", file=sys.stderr)
+    gpu_card = card(env.get("device_uuid"))  # nvidia-smi asked by the engine's own card, not by CUDA's numbering
     for cell in bar:
         if _STOPPING.is_set() or not supervisor_alive():  # as before a write (below): no cell starts either
             return 5
@@ -185,6 +186,8 @@ def run_group(spec: dict[str, Any]) -> int:
                     drive(engine, warm, cell.batch_size,
                           lambda p: vc.delta_sampling_params(cell.warmup_tokens, wl.temperature, wl.seed, wl.ignore_eos),
                           id_prefix=f"warm-{cell.run_id}-")
+            # the card's clocks, temperature, power, throttle reasons: sampled outside the timed requests
+            gpu_start = gpu_state(gpu_card)
             started_at = utc_now()
             if timers is not None:
                 timers.reset()
@@ -194,12 +197,10 @@ def run_group(spec: dict[str, Any]) -> int:
                 cs.reset(llm)
             before = vc.read_spec_counters(llm)
             n = len(prompts) * (cell.batch_size if cell.batch_mode == "paper" else 1)
-            # the card's clocks, temperature, power, throttle reasons: sampled outside the timed requests
-            gpu_start = gpu_state()
             with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
                 result = drive(engine, prompts, cell.batch_size, params, mode=cell.batch_mode,
                                spec_metrics=vc.request_spec_metrics, progress=pbar)
-            gpu_end = gpu_state()
+            gpu_end = gpu_state(gpu_card)
             counters = vc.diff_counters(vc.read_spec_counters(llm), before)
             replay = None
             if by_index is not None:

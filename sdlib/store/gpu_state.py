@@ -2,11 +2,13 @@
 the clock-event (throttle) reasons active then.
 
 A sweep samples it just before and just after each cell's measured requests (:mod:`sdlib.run.worker`), outside
-the timed window, and the cell's ``runs`` row records it (``gpu_*`` columns): a cell slower than its twins then
-says whether the card ran at lower clocks, and why (power cap, thermal slowdown: :func:`clock_event_names`).
+the timed window, and the cell's ``runs`` row records it (``gpu_*`` columns). They are two moments, not the
+window: before the requests the card idles after the warm-up, and after them it may already be idling again, so
+a slowdown shows (lower clocks, a power or thermal reason: :func:`clock_event_names`) only where it outlasts the
+cell's requests.
 
 Never raises: without ``nvidia-smi`` (a CPU machine, CI), or when it fails or hangs, every value is unknown
-(NaN, and None for the reasons).
+(NaN, and None for the reasons); a call that hangs is killed and not waited for past :data:`TIMEOUT_S` + 1 s.
 
 Usage:
     from sdlib.store.gpu_state import gpu_state, clock_event_names
@@ -79,33 +81,61 @@ def parse(line: str) -> Optional[dict[str, Any]]:
     return {**dict(zip(KEYS, (_number(p) for p in parts[:-1]))), "clock_events": _mask(parts[-1])}
 
 
+def card(uuid: Optional[str]) -> Optional[str]:
+    """How ``nvidia-smi -i`` names the card of a CUDA device UUID (:func:`sdlib.store.provenance.device_uuid`,
+    which drops the ``GPU-`` prefix): ``GPU-<uuid>``; None without one."""
+    if not uuid:
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
 def _device() -> str:
-    """The card to ask about: the first of ``CUDA_VISIBLE_DEVICES`` (the engine's device 0) where it is set,
-    else GPU 0."""
+    """The card to ask about when the caller does not name it: the first of ``CUDA_VISIBLE_DEVICES`` where it is
+    set, else GPU 0. CUDA may number cards otherwise than nvidia-smi does (fastest first), so the engine's own
+    card, by UUID (:func:`card`), is the better name where it is known."""
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     return first or "0"
 
 
-def gpu_state() -> dict[str, Any]:
+def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """``cmd``'s exit status and standard output; :class:`subprocess.TimeoutExpired` after ``timeout`` s, once
+    the process is killed, without waiting for it more than 1 s more (a process stuck in the driver cannot be
+    killed, and :func:`subprocess.run` would wait for it for ever)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    return proc.returncode, out or ""
+
+
+def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
     """The GPU's clocks (MHz), temperature (C), power draw (W) and active clock-event reasons (a hex bitmask
     string, :func:`clock_event_names`), keys :data:`KEYS` and ``clock_events``; NaN / None for what is not known.
+    ``device``: the card as ``nvidia-smi -i`` takes it (:func:`card`); default :func:`_device`.
 
     One ``nvidia-smi`` call (a second, with the older reasons field name, only where a driver rejects the newer
-    one); all unknown without nvidia-smi or when it fails or takes over :data:`TIMEOUT_S`. Never raises."""
+    one); the first line of its output that is an answer counts, whatever its exit status (nvidia-smi exits
+    non-zero on some warnings that come with a valid answer). All unknown without nvidia-smi or when it fails or
+    takes over :data:`TIMEOUT_S`. Never raises."""
     global _working_event_field
     try:
         if not shutil.which("nvidia-smi"):
             return unknown()
         order = [f for f in (_working_event_field, *EVENT_FIELDS) if f]
         for field in dict.fromkeys(order):
-            cmd = ["nvidia-smi", "-i", _device(), f"--query-gpu={','.join((*FIELDS, field))}",
+            cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join((*FIELDS, field))}",
                    "--format=csv,noheader,nounits"]
             try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+                _, out = _run(cmd, timeout=TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 return unknown()  # a hung driver: no second wait
-            lines = (out.stdout or "").strip().splitlines()
-            state = parse(lines[0]) if out.returncode == 0 and lines else None
+            state = next((s for s in map(parse, out.strip().splitlines()) if s is not None), None)
             if state is not None:
                 _working_event_field = field
                 return state

@@ -49,9 +49,11 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("status", "string", "ok"),
         ("started_at", "string", "UTC ISO time the cell started"),
         ("git_commit", "string", "commit of the code that ran the cell, '-dirty' when the tree had changes (null in cells written before it was recorded)"),
-        ("gpu_sm_mhz_start", "float64", "GPU SM clock just before the measured requests, MHz (nvidia-smi clocks.sm, "
+        ("gpu_sm_mhz_start", "float64", "GPU SM clock just before the measured requests (after the warm-up, the card "
+         "idle), MHz (nvidia-smi clocks.sm, "
          "sdlib.store.gpu_state; NaN without nvidia-smi, e.g. on CPU, and in cells written before it was recorded)"),
-        ("gpu_sm_mhz_end", "float64", "GPU SM clock just after the measured requests, MHz (same)"),
+        ("gpu_sm_mhz_end", "float64", "GPU SM clock just after the measured requests (the card may be idling "
+         "already), MHz (same)"),
         ("gpu_mem_mhz_end", "float64", "GPU memory clock just after the measured requests, MHz (nvidia-smi clocks.mem; "
          "same)"),
         ("gpu_temp_c_end", "float64", "GPU temperature just after the measured requests, degrees C (nvidia-smi "
