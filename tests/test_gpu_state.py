@@ -28,6 +28,7 @@ def smi(monkeypatch):
     CompletedProcess (or an exception to raise); every call's argv is in ``calls``."""
     monkeypatch.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
     monkeypatch.setattr(gs, "_working_event_field", None)
+    monkeypatch.setattr(gs, "_hung", False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake = types.SimpleNamespace(calls=[], answers={})
 
@@ -60,6 +61,12 @@ def test_parse_fields_the_card_does_not_report_are_unknown():
     assert math.isnan(s["mem_mhz"]) and math.isnan(s["power_w"]) and s["clock_events"] is None
     s = gs.parse("[Not Supported], [N/A], [N/A], [N/A], [Not Supported]")
     assert _is_unknown(s)
+
+
+def test_a_message_with_four_commas_is_not_an_answer():
+    assert gs.parse("Unable to determine, for GPU 0, the clocks, power, or state") is None
+    assert gs.parse("1980, 2619, 41, watts, 0x0000000000000001") is None  # one field that is no answer
+    assert gs.parse("[N/A], [N/A], [N/A], [N/A], 0x0000000000000001") is not None
 
 
 def test_parse_rejects_what_is_not_an_answer():
@@ -146,6 +153,8 @@ def test_a_failing_or_hanging_nvidia_smi_means_unknown_never_an_error(smi, answe
     assert _is_unknown(gs.gpu_state())
     if isinstance(answer, subprocess.TimeoutExpired):
         assert len(smi.calls) == 1  # a hung driver is not waited for twice
+        smi.answers["clocks_event_reasons.active"] = _done(LINE)
+        assert _is_unknown(gs.gpu_state()) and len(smi.calls) == 1  # nor in a later sample
 
 
 def test_clock_event_names():

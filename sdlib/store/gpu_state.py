@@ -48,6 +48,8 @@ CLOCK_EVENT_BITS = {
 
 #: The reasons field this machine's nvidia-smi answered last (tried first next time, so a sample is one call).
 _working_event_field: Optional[str] = None
+#: Set once a call has hung: later samples are unknown at once rather than each waiting out :data:`TIMEOUT_S`.
+_hung = False
 
 
 def unknown() -> dict[str, Any]:
@@ -78,7 +80,16 @@ def parse(line: str) -> Optional[dict[str, Any]]:
     parts = [p.strip() for p in line.split(",")]
     if len(parts) != len(FIELDS) + 1:
         return None
-    return {**dict(zip(KEYS, (_number(p) for p in parts[:-1]))), "clock_events": _mask(parts[-1])}
+
+    def answer(p: str, value) -> bool:  # a number, a mask, or nvidia-smi's "[N/A]" / "[Not Supported]"
+        return (value is not None and not (isinstance(value, float) and math.isnan(value))) or (
+            p.startswith("[") and p.endswith("]"))
+
+    nums = [_number(p) for p in parts[:-1]]
+    events = _mask(parts[-1])
+    if not all(answer(p, v) for p, v in zip(parts, [*nums, events])):
+        return None  # a message with commas in it, not an answer
+    return {**dict(zip(KEYS, nums)), "clock_events": events}
 
 
 def card(uuid: Optional[str]) -> Optional[str]:
@@ -122,10 +133,10 @@ def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
     One ``nvidia-smi`` call (a second, with the older reasons field name, only where a driver rejects the newer
     one); the first line of its output that is an answer counts, whatever its exit status (nvidia-smi exits
     non-zero on some warnings that come with a valid answer). All unknown without nvidia-smi or when it fails or
-    takes over :data:`TIMEOUT_S`. Never raises."""
-    global _working_event_field
+    takes over :data:`TIMEOUT_S` (then every later sample in this process is unknown at once). Never raises."""
+    global _working_event_field, _hung
     try:
-        if not shutil.which("nvidia-smi"):
+        if _hung or not shutil.which("nvidia-smi"):
             return unknown()
         order = [f for f in (_working_event_field, *EVENT_FIELDS) if f]
         for field in dict.fromkeys(order):
@@ -134,7 +145,8 @@ def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
             try:
                 _, out = _run(cmd, timeout=TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                return unknown()  # a hung driver: no second wait
+                _hung = True  # a hung driver: no second wait, now or in later samples of this process
+                return unknown()
             state = next((s for s in map(parse, out.strip().splitlines()) if s is not None), None)
             if state is not None:
                 _working_event_field = field
