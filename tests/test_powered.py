@@ -233,17 +233,21 @@ def test_block_status_per_model_follows_method_targets():
     assert b.loc["n", "complete"] and b.loc["n", "cells_expected"] == 1     # n-gram does not target n
 
 
+def _h100_headline_table(name: str, dataset: str) -> pd.DataFrame:
+    """Notebook 06's committed ``powered_<name>`` table of the H100 headline, one dataset's rows."""
+    path = REPO_ROOT / "figures" / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv"
+    return pd.read_csv(path).query("dataset == @dataset")
+
+
 def test_the_h100_headline_gsm8k_verdicts_are_the_ones_the_readme_states():
     """README and FINDINGS (06) say of the H100 headline's GSM8K blocks, from notebook 06's committed tables: both A/A
     intervals contain 1; at bs 32 every policy but Dynamic SD is established behind the best fixed arm (EAGLE-3
     k = 3), at bs 128 every policy is (best fixed EAGLE-3 k = 1); on its own K = 5 engine Oracle Proposal is not
     established either way against fixed k = 5, while Oracle Combine is established ahead of it at bs 32.
     (`test_06_powered_tables_of_the_h100_headline_are_the_analysis` checks these tables against the analysis.)"""
-    fig = REPO_ROOT / "figures"
 
     def table(name):
-        return pd.read_csv(fig / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv").query(
-            "dataset == 'gsm8k'")
+        return _h100_headline_table(name, "gsm8k")
 
     head, aa, same = table("headline"), table("aa"), table("same_engine")
     policies = {"eagle3-k3-dynamic-sd", "eagle3-k5-combine", "eagle3-k5-online", "eagle3-k5-oracle",
@@ -271,11 +275,9 @@ def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
     are established behind it, at bs 128 (best fixed EAGLE-3 k = 1) every policy is; on the K = 5 engine Oracle
     Proposal is not established either way against fixed k = 5, and neither is Combine (at bs 32 its interval
     excludes 1 by less than the A/A drift); the online policy is established behind fixed k = 5 at both."""
-    fig = REPO_ROOT / "figures"
 
     def table(name):
-        return pd.read_csv(fig / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv").query(
-            "dataset == 'sharegpt'")
+        return _h100_headline_table(name, "sharegpt")
 
     head, aa, same, blocks = table("headline"), table("aa"), table("same_engine"), table("blocks")
     assert len(blocks) == 2 and blocks["complete"].all()
@@ -308,8 +310,7 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
     fig = REPO_ROOT / "figures"
 
     def table(name):
-        return pd.read_csv(fig / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv").query(
-            "dataset == 'cnn_dailymail'")
+        return _h100_headline_table(name, "cnn_dailymail")
 
     head, aa, same, blocks = table("headline"), table("aa"), table("same_engine"), table("blocks")
     assert len(blocks) == 2 and blocks["complete"].all()

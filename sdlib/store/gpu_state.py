@@ -81,13 +81,10 @@ def parse(line: str) -> Optional[dict[str, Any]]:
     if len(parts) != len(FIELDS) + 1:
         return None
 
-    def answer(p: str, value) -> bool:  # a number, a mask, or nvidia-smi's "[N/A]" / "[Not Supported]"
-        return (value is not None and not (isinstance(value, float) and math.isnan(value))) or (
-            p.startswith("[") and p.endswith("]"))
-
     nums = [_number(p) for p in parts[:-1]]
     events = _mask(parts[-1])
-    if not all(answer(p, v) for p, v in zip(parts, [*nums, events])):
+    known = [not math.isnan(x) for x in nums] + [events is not None]
+    if not all(k or (p.startswith("[") and p.endswith("]")) for k, p in zip(known, parts)):  # "[N/A]" is an answer
         return None  # a message with commas in it, not an answer
     return {**dict(zip(KEYS, nums)), "clock_events": events}
 
