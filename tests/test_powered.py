@@ -335,6 +335,29 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
     assert med.drop("cnn_dailymail", level="dataset").between(0.95, 1.06).all()
 
 
+def test_the_h100_headline_instructcoder_bs1_verdicts_are_the_ones_the_readme_states():
+    """README and FINDINGS (06) say of the H100 headline's InstructCoder bs 1 block (both starts on the fifteenth
+    session's H100), from notebook 06's committed tables: the A/A interval contains 1 with a drift under 1%; the best
+    fixed arm is EAGLE-3 k = 5, the policies' own engine; Oracle Combine and the online policy are established ahead
+    of it, Dynamic SD behind it, Oracle Proposal and ADAPTIVE neither way; on their own engines Oracle Proposal,
+    Dynamic SD and ADAPTIVE are not established either way; the machine held its speed from start 0 to start 1."""
+    head, aa, same, blocks = (_h100_headline_table(n, "instructcoder").query("batch_size == 1")
+                              for n in ("headline", "aa", "same_engine", "blocks"))
+    assert len(blocks) == 1 and blocks["complete"].all()
+    assert len(aa) == 1 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
+    assert (aa["drift"] < 0.01).all()
+    h = head.set_index("arm")
+    assert len(h) == 5 and (h["best_fixed"] == "eagle3-k5-fixed-eagle3-k5").all() and h["aa_ok"].all()
+    assert set(h.index[h["established"] & (h["ratio_lo"] > 1)]) == {"eagle3-k5-combine", "eagle3-k5-online"}
+    assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == {"eagle3-k3-dynamic-sd"}
+    assert set(h.index[~h["established"]]) == {"eagle3-k5-oracle", "ngram-k5-specdecode-adaptive"}
+    s = same.set_index("arm")
+    assert not s.loc[["eagle3-k5-oracle", "eagle3-k3-dynamic-sd", "ngram-k5-specdecode-adaptive"],
+                     "established"].any()
+    starts = _h100_headline_table("starts", "instructcoder").query("batch_size == 1")
+    assert starts["block_median"].between(0.99, 1.01).all() and starts["ratio"].between(0.98, 1.02).all()
+
+
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():
     """start_table: per arm, the sum of its start-1 rates over the sum of its start-0 rates on the (repeat, prompt)
     units both starts ran, and the block's median / min / max over its arms."""
