@@ -65,11 +65,15 @@ def test_client_times_every_message_and_counts_its_tokens(stub):
         assert rec.ok, rec.error
         assert rec.msg_n == [1, 3, 2, 4]  # prefill token, then steps of 1 + accepted
         assert rec.output_tokens == 10 and rec.prompt_tokens == 3 and rec.finish_reason == "length"
-        assert rec.send_s - rec.arrival_s < 0.05  # sent on time
+        # sent on time: a client that waited for the previous request (about 130 ms each) would send r2 ~160 ms
+        # late; 100 ms leaves room for a loaded 2-core machine (the fast tier under xdist)
+        assert rec.send_s - rec.arrival_s < 0.1
         ttft = rec.first_token_s - rec.send_s
         assert 0.035 <= ttft < 0.5
         gaps = np.diff(rec.msg_t)
-        assert np.all(gaps >= 0.025), gaps
+        # the server paces its messages 30 ms apart; a starved client may read two at once (a gap of ~0), but the
+        # stream as a whole cannot arrive faster than the server wrote it
+        assert np.all(gaps >= 0) and gaps.sum() >= 0.025 * len(gaps), gaps
         itl = token_gaps(np.array(rec.msg_t) - rec.send_s, rec.msg_n)
         assert len(itl) == rec.output_tokens - 1
         assert itl.sum() == pytest.approx(rec.finish_s - rec.first_token_s)
