@@ -354,8 +354,31 @@ def test_the_h100_headline_instructcoder_bs1_verdicts_are_the_ones_the_readme_st
     s = same.set_index("arm")
     assert not s.loc[["eagle3-k5-oracle", "eagle3-k3-dynamic-sd", "ngram-k5-specdecode-adaptive"],
                      "established"].any()
+    # the best fixed arm is the K = 5 engine's own fixed arm, so Combine's and the online policy's ratios are also
+    # their same-engine ratios
+    assert (s.loc[["eagle3-k5-combine", "eagle3-k5-online"], "same_engine_fixed"] == "eagle3-k5-fixed-eagle3-k5").all()
     starts = _h100_headline_table("starts", "instructcoder").query("batch_size == 1")
     assert starts["block_median"].between(0.99, 1.01).all() and starts["ratio"].between(0.98, 1.02).all()
+    # across the nine blocks: the only one where the online policy is established ahead, and the finest A/A
+    fig = REPO_ROOT / "figures"
+    every = pd.read_csv(fig / "06_trace_replay__powered_headline__sweep=h100_v034_headline.csv")
+    ahead = every[(every["arm"] == "eagle3-k5-online") & every["established"] & (every["ratio_lo"] > 1)]
+    assert list(zip(ahead["dataset"], ahead["batch_size"])) == [("instructcoder", 1)]
+    all_aa = pd.read_csv(fig / "06_trace_replay__powered_aa__sweep=h100_v034_headline.csv")
+    finest = all_aa.loc[all_aa["mde"].idxmin()]
+    assert (finest["dataset"], finest["batch_size"]) == ("instructcoder", 1)
+    # simulated against measured: the linear predictors over-predict the fixed cell here; for Combine the ragged
+    # ones lie inside the measured interval and the padded ones below it; the engine refit lies below both arms'
+    sim = _h100_headline_table("sim_vs_measured", "instructcoder").query("batch_size == 1")
+    lin = sim[~sim["predictor"].str.startswith("engine refit")]
+    assert len(lin) == 8 and (lin["fixed_overprediction"] > 0.1).all()
+    comb = lin[lin["arm"] == "eagle3-k5-combine"]
+    ragged, padded = comb[comb["predictor"].str.endswith("ragged")], comb[comb["predictor"].str.endswith("padded")]
+    assert len(ragged) == len(padded) == 2
+    assert ragged["simulated"].between(ragged["ratio_lo"], ragged["ratio_hi"]).all()
+    assert (padded["simulated"] < padded["ratio_lo"]).all()
+    refit = sim[sim["predictor"].str.startswith("engine refit")]
+    assert len(refit) == 2 and (refit["simulated"] < refit["ratio_lo"]).all()
 
 
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():

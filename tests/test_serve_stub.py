@@ -71,9 +71,9 @@ def test_client_times_every_message_and_counts_its_tokens(stub):
         ttft = rec.first_token_s - rec.send_s
         assert 0.035 <= ttft < 0.5
         gaps = np.diff(rec.msg_t)
-        # the server paces its messages 30 ms apart; a starved client may read two at once (a gap of ~0), but the
-        # stream as a whole cannot arrive faster than the server wrote it
-        assert np.all(gaps >= 0) and gaps.sum() >= 0.025 * len(gaps), gaps
+        # the server paces its messages 30 ms apart; a starved client may read two at once (one gap of ~0), but a
+        # client that stamps a batch of messages at one moment leaves two or more gaps of ~0
+        assert np.all(gaps >= 0) and (gaps < 0.01).sum() <= 1, gaps
         itl = token_gaps(np.array(rec.msg_t) - rec.send_s, rec.msg_n)
         assert len(itl) == rec.output_tokens - 1
         assert itl.sum() == pytest.approx(rec.finish_s - rec.first_token_s)
