@@ -21,9 +21,20 @@ pytestmark = pytest.mark.engine
 
 K = 3
 #: What the stand-in nvidia-smi prints for the GPU-state query (n = the how-many-th call): SM clock, memory clock,
-#: temperature, power, clock-event reasons (SW power cap).
+#: temperature, power, clock-event reasons (SW power cap); for the clock-event counters query (m = the how-many-th
+#: such call), a header with the unit and SW power cap's counter at 1500 us a call.
 FAKE_SMI = """#!/bin/sh
-case "$*" in *clocks.sm*) ;; *) exit 9 ;; esac
+case "$*" in
+  *clocks_event_reasons_counters.sw_power_cap*)
+    echo "$*" >> "{log}.counters"
+    m=$(wc -l < "{log}.counters")
+    echo "clocks_event_reasons_counters.sw_power_cap [us], clocks_event_reasons_counters.sw_thermal_slowdown [us], \
+clocks_event_reasons_counters.hw_thermal_slowdown [us], clocks_event_reasons_counters.hw_power_brake_slowdown [us]"
+    echo "$((1500 * m)), 0, 0, 0"
+    exit 0 ;;
+  *clocks.sm*) ;;
+  *) exit 9 ;;
+esac
 echo "$*" >> "{log}"
 n=$(wc -l < "{log}")
 echo "$((1000 + n)), 2619, 41, 117.30, 0x0000000000000004"
@@ -124,13 +135,15 @@ def test_the_invocation_that_ran_part_of_the_config_records_its_selection(sweep_
 def test_each_cell_records_the_gpu_state_before_and_after_its_requests(sweep_result):
     """Without nvidia-smi (the first invocation's n-gram cells, on a machine without one) the ``gpu_*`` columns
     are unknown; with it (the stand-in of the second invocation) each cell records one sample before its
-    requests and one after (the stand-in's SM clock counts its calls up: end = start + 1 within a cell)."""
+    requests and one after (the stand-in's SM clock counts its calls up: end = start + 1 within a cell), and the
+    clock-event counters' growth between them (the stand-in's grows 1500 us a call: 1.5 ms a cell)."""
     _, store, _ = sweep_result
     runs = store.read("runs").set_index("method_label")
     gpu = ["gpu_sm_mhz_start", "gpu_sm_mhz_end", "gpu_mem_mhz_end", "gpu_temp_c_end", "gpu_power_w_end"]
     if shutil.which("nvidia-smi") is None:  # a real one would answer for the first invocation's cells
         ngram = runs.loc["ngram-k3"]
         assert len(ngram) == 2 and ngram[gpu].isna().all().all() and ngram["gpu_clock_events_end"].isna().all()
+        assert ngram["gpu_slowdown_ms"].isna().all()
     selfd = runs.loc["self-draft"]
     assert len(selfd) == 2
     assert (selfd["gpu_sm_mhz_end"] == selfd["gpu_sm_mhz_start"] + 1).all(), selfd[gpu]
@@ -138,3 +151,4 @@ def test_each_cell_records_the_gpu_state_before_and_after_its_requests(sweep_res
     assert (selfd["gpu_mem_mhz_end"] == 2619).all() and (selfd["gpu_temp_c_end"] == 41).all()
     assert selfd["gpu_power_w_end"].tolist() == pytest.approx([117.3, 117.3])
     assert (selfd["gpu_clock_events_end"] == "0x0000000000000004").all()
+    assert selfd["gpu_slowdown_ms"].tolist() == pytest.approx([1.5, 1.5])

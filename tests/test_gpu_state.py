@@ -14,7 +14,8 @@ import pytest
 from sdlib.store import gpu_state as gs
 from sdlib.store.schema import ADDED_COLUMNS, TABLES
 
-GPU_COLS = ["gpu_sm_mhz_start", "gpu_sm_mhz_end", "gpu_mem_mhz_end", "gpu_temp_c_end", "gpu_power_w_end"]
+GPU_COLS = ["gpu_sm_mhz_start", "gpu_sm_mhz_end", "gpu_mem_mhz_end", "gpu_temp_c_end", "gpu_power_w_end",
+            "gpu_slowdown_ms"]
 LINE = "1980, 2619, 41, 117.34, 0x0000000000000004"
 
 
@@ -29,6 +30,7 @@ def smi(monkeypatch):
     monkeypatch.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
     monkeypatch.setattr(gs, "_working_event_field", None)
     monkeypatch.setattr(gs, "_hung", False)
+    monkeypatch.setattr(gs, "_no_counters", False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake = types.SimpleNamespace(calls=[], answers={})
 
@@ -157,6 +159,66 @@ def test_a_failing_or_hanging_nvidia_smi_means_unknown_never_an_error(smi, answe
         assert _is_unknown(gs.gpu_state()) and len(smi.calls) == 1  # nor in a later sample
 
 
+# the clock-event counters ---------------------------------------------------------------------------------------
+LAST_COUNTER = gs.COUNTER_FIELDS[-1]
+
+
+def _counters(unit: str = " [us]", values: str = "1000, 0, 250, 0") -> str:
+    """nvidia-smi's csv answer (header kept for the units) to the counters query."""
+    return ", ".join(f + unit for f in gs.COUNTER_FIELDS) + "\n" + values + "\n"
+
+
+def test_counters_are_summed_in_ms_by_the_unit_their_header_names():
+    assert gs.parse_counters(_counters(" [us]")) == pytest.approx(1.25)
+    assert gs.parse_counters(_counters(" [ms]")) == pytest.approx(1250.0)
+    assert gs.parse_counters(_counters(" [ns]", "2000000, 0, 0, 0")) == pytest.approx(2.0)
+    # a unit it does not know, none at all, or a counter not reported: unknown, not guessed
+    assert math.isnan(gs.parse_counters(_counters(" [ticks]")))
+    assert math.isnan(gs.parse_counters(_counters("")))
+    assert math.isnan(gs.parse_counters(_counters(" [us]", "1000, [N/A], 0, 0")))
+
+
+def test_what_is_not_a_counters_answer_is_none():
+    assert gs.parse_counters('Field "clocks_event_reasons_counters.sw_power_cap" is not a valid field to query.') is None
+    assert gs.parse_counters("") is None
+    assert gs.parse_counters(_counters(" [us]", "1000, 0, 250")) is None  # a field short
+    assert gs.parse_counters(_counters(" [us]", "1000, 0, lots, 0")) is None
+    assert gs.parse_counters(_counters(" [us]").splitlines()[0]) is None  # a header alone
+
+
+def test_slowdown_ms_asks_for_the_counters_with_their_units(smi):
+    smi.answers[LAST_COUNTER] = _done(_counters(" [us]"))
+    assert gs.slowdown_ms(gs.card("ab-cd")) == pytest.approx(1.25)
+    cmd = smi.calls[0]
+    assert cmd[:3] == ["nvidia-smi", "-i", "GPU-ab-cd"] and "--format=csv,nounits" in cmd
+    assert f"--query-gpu={','.join(gs.COUNTER_FIELDS)}" in cmd
+
+
+def test_a_driver_without_the_counters_is_asked_once(smi):
+    smi.answers[LAST_COUNTER] = _done(f'Field "{gs.COUNTER_FIELDS[0]}" is not a valid field to query.\n', rc=2)
+    assert math.isnan(gs.slowdown_ms()) and math.isnan(gs.slowdown_ms())
+    assert len(smi.calls) == 1
+
+
+@pytest.mark.parametrize("answer", [subprocess.TimeoutExpired(["nvidia-smi"], 5), OSError("gone"),
+                                    RuntimeError("anything else")])
+def test_a_failing_or_hanging_counters_query_is_unknown_never_an_error(smi, answer):
+    smi.answers[LAST_COUNTER] = answer
+    assert math.isnan(gs.slowdown_ms())
+    if isinstance(answer, subprocess.TimeoutExpired):  # a hung driver: no later call, for either query
+        smi.answers["clocks_event_reasons.active"] = _done(LINE)
+        assert _is_unknown(gs.gpu_state()) and math.isnan(gs.slowdown_ms()) and len(smi.calls) == 1
+
+
+def test_the_window_records_the_counters_growth():
+    from sdlib.extract.tables import gpu_columns
+
+    assert gpu_columns({"slowdown_ms": 100.0}, {"slowdown_ms": 350.5})["gpu_slowdown_ms"] == pytest.approx(250.5)
+    for a, b in ((100.0, 90.0), (math.nan, 5.0), (5.0, math.nan), (None, 5.0)):  # a reload, or unknown
+        assert math.isnan(gpu_columns({"slowdown_ms": a}, {"slowdown_ms": b})["gpu_slowdown_ms"])
+    assert math.isnan(gpu_columns(None, None)["gpu_slowdown_ms"])
+
+
 def test_clock_event_names():
     assert gs.clock_event_names("0x0000000000000004") == ["sw_power_cap"]
     assert gs.clock_event_names("0x0000000000000060") == ["sw_thermal_slowdown", "hw_thermal_slowdown"]
@@ -200,15 +262,15 @@ def test_a_cell_without_gpu_samples_records_unknown(fake_engine):
 def test_a_cell_records_its_two_samples_and_they_survive_the_store(fake_engine, tmp_path):
     from sdlib.store import SweepStore
 
-    start = gs.parse("1980, 2619, 38, 250.0, 0x0000000000000000")
-    end = gs.parse("1755, 2619, 71, 699.5, 0x0000000000000004")
+    start = {**gs.parse("1980, 2619, 38, 250.0, 0x0000000000000000"), "slowdown_ms": 1000.0}
+    end = {**gs.parse("1755, 2619, 71, 699.5, 0x0000000000000004"), "slowdown_ms": 1420.25}
     cell, t = _cell_tables(fake_engine, gpu_start=start, gpu_end=end)
     store = SweepStore(tmp_path / "s")
     store.write_cell(cell.run_id, t)
     r = store.read("runs").iloc[0]
     assert r["gpu_sm_mhz_start"] == 1980.0 and r["gpu_sm_mhz_end"] == 1755.0
     assert r["gpu_mem_mhz_end"] == 2619.0 and r["gpu_temp_c_end"] == 71.0 and r["gpu_power_w_end"] == 699.5
-    assert r["gpu_clock_events_end"] == "0x0000000000000004"
+    assert r["gpu_clock_events_end"] == "0x0000000000000004" and r["gpu_slowdown_ms"] == pytest.approx(420.25)
 
 
 def test_committed_runs_tables_without_the_columns_still_read(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from typing import Any, Optional
 
 import pandas as pd
@@ -175,7 +176,18 @@ def gpu_columns(start: Optional[dict[str, Any]], end: Optional[dict[str, Any]]) 
         "gpu_temp_c_end": num(end, "temp_c"),
         "gpu_power_w_end": num(end, "power_w"),
         "gpu_clock_events_end": end.get("clock_events") or None,
+        "gpu_slowdown_ms": _held_down_ms(start, end),
     }
+
+
+def _held_down_ms(start: dict[str, Any], end: dict[str, Any]) -> float:
+    """The clock-event counters' growth between the two samples (``slowdown_ms``,
+    :func:`sdlib.store.gpu_state.slowdown_ms`); NaN when either is unknown or the counters went back (a driver
+    reload)."""
+    a, b = start.get("slowdown_ms"), end.get("slowdown_ms")
+    if a is None or b is None or math.isnan(a) or math.isnan(b) or b < a:
+        return float("nan")
+    return float(b - a)
 
 
 def concurrency(steps) -> tuple[float, Optional[int]]:

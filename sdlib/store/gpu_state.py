@@ -7,6 +7,10 @@ window: before the requests the card idles after the warm-up, and after them it 
 a slowdown shows (lower clocks, a power or thermal reason: :func:`clock_event_names`) only where it outlasts the
 cell's requests.
 
+Between the two moments, :func:`slowdown_ms` reads nvidia-smi's cumulative clock-event counters (the time the
+clocks were held down for power or thermal reasons since the driver loaded); their difference over the requests
+(``runs.gpu_slowdown_ms``) covers the whole window, so it catches a slowdown that a sample at either end misses.
+
 Never raises: without ``nvidia-smi`` (a CPU machine, CI), or when it fails or hangs, every value is unknown
 (NaN, and None for the reasons); a call that hangs is killed and not waited for past :data:`TIMEOUT_S` + 1 s.
 
@@ -15,6 +19,7 @@ Usage:
     s = gpu_state()  # {"sm_mhz": 1980.0, "mem_mhz": 2619.0, "temp_c": 41.0, "power_w": 117.3,
                      #  "clock_events": "0x0000000000000004"}
     clock_event_names(s["clock_events"])  # ["sw_power_cap"]
+    slowdown_ms()  # 1234.5: ms the clocks have been held down since the driver loaded (NaN if unknown)
 """
 
 from __future__ import annotations
@@ -46,10 +51,21 @@ CLOCK_EVENT_BITS = {
     0x100: "display_clock_setting",
 }
 
+#: The cumulative clock-event counters :func:`slowdown_ms` sums: the power and thermal reasons (not sync boost, which
+#: follows another card, nor idle). Listed by ``nvidia-smi --help-query-gpu`` on the fifteenth session's H100
+#: (data/gpu/h100_v034_2026-12-06f.json); older drivers reject them, and then the sum is unknown.
+COUNTER_FIELDS = tuple(f"clocks_event_reasons_counters.{r}" for r in
+                       ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"))
+#: The counters' unit as nvidia-smi's csv header names it (``name [us]``), to milliseconds; any other (or none)
+#: leaves the sum unknown rather than guessed.
+COUNTER_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
 #: The reasons field this machine's nvidia-smi answered last (tried first next time, so a sample is one call).
 _working_event_field: Optional[str] = None
 #: Set once a call has hung: later samples are unknown at once rather than each waiting out :data:`TIMEOUT_S`.
 _hung = False
+#: Set once nvidia-smi has not answered the counters query (an older driver): later sums are unknown at once.
+_no_counters = False
 
 
 def unknown() -> dict[str, Any]:
@@ -151,6 +167,56 @@ def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
         return unknown()
     except Exception:  # noqa: BLE001 - a measurement aid must never fail a cell
         return unknown()
+
+
+def parse_counters(text: str) -> Optional[float]:
+    """``nvidia-smi --query-gpu=<COUNTER_FIELDS> --format=csv,nounits`` (a header, then one line) -> the counters'
+    sum in ms; NaN where a counter is not reported or the header names no unit of :data:`COUNTER_UNITS_MS`; None
+    if the text is not such an answer (an error message, no header)."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    head = next((i for i, ln in enumerate(lines) if ln.startswith(COUNTER_FIELDS[0])), None)
+    if head is None or head + 1 >= len(lines):
+        return None
+    names = [p.strip() for p in lines[head].split(",")]
+    values = [p.strip() for p in lines[head + 1].split(",")]
+    if len(names) != len(COUNTER_FIELDS) or len(values) != len(COUNTER_FIELDS):
+        return None
+    if not all(n.startswith(f) for n, f in zip(names, COUNTER_FIELDS)):
+        return None
+    nums = [_number(v) for v in values]
+    if not all(not math.isnan(x) or (v.startswith("[") and v.endswith("]")) for x, v in zip(nums, values)):
+        return None  # a field that is neither a number nor nvidia-smi's "[N/A]": not an answer
+    units = {n[len(f):].strip().strip("[]").strip() for n, f in zip(names, COUNTER_FIELDS)}
+    scale = COUNTER_UNITS_MS.get(units.pop()) if len(units) == 1 else None
+    if scale is None or any(math.isnan(x) for x in nums):
+        return math.nan
+    return sum(nums) * scale
+
+
+def slowdown_ms(device: Optional[str] = None) -> float:
+    """The milliseconds the card's clocks have been held down for power or thermal reasons since the driver
+    loaded (:data:`COUNTER_FIELDS`, summed: reasons that overlap count once each), from one ``nvidia-smi`` call;
+    NaN when unknown: no nvidia-smi, a driver without the counters (asked once per process), an unknown unit, a
+    failure or a hang (as :func:`gpu_state`). The difference of two readings is the time held down between them.
+    Never raises."""
+    global _hung, _no_counters
+    try:
+        if _hung or _no_counters or not shutil.which("nvidia-smi"):
+            return math.nan
+        cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join(COUNTER_FIELDS)}",
+               "--format=csv,nounits"]
+        try:
+            _, out = _run(cmd, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _hung = True
+            return math.nan
+        total = parse_counters(out)
+        if total is None:
+            _no_counters = True  # not an answer: this driver does not know the fields; do not ask again
+            return math.nan
+        return total
+    except Exception:  # noqa: BLE001 - a measurement aid must never fail a cell
+        return math.nan
 
 
 def clock_event_names(mask: Optional[str]) -> list[str]:

@@ -63,6 +63,11 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("gpu_clock_events_end", "string", "clock-event (throttle) reasons active just after the measured requests, "
          "nvidia-smi's hex bitmask, e.g. 0x0000000000000004 = SW power cap (sdlib.store.gpu_state.clock_event_names); "
          "null without nvidia-smi and in cells written before it was recorded"),
+        ("gpu_slowdown_ms", "float64", "ms the GPU's clocks were held down for power or thermal reasons between the "
+         "two samples, i.e. over the measured requests: nvidia-smi's clocks_event_reasons_counters (SW power cap, "
+         "SW and HW thermal, HW power brake) summed, differenced (sdlib.store.gpu_state.slowdown_ms; reasons that "
+         "overlap count once each); NaN without nvidia-smi, on drivers without the counters, and in cells written "
+         "before it was recorded"),
     ],
     "requests": [
         ("run_id", "string", "cell id (runs.run_id)"),
@@ -211,7 +216,7 @@ TABLES.update({
 ADDED_COLUMNS: dict[str, dict[str, object]] = {
     "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0, "git_commit": None,
              "gpu_sm_mhz_start": None, "gpu_sm_mhz_end": None, "gpu_mem_mhz_end": None, "gpu_temp_c_end": None,
-             "gpu_power_w_end": None, "gpu_clock_events_end": None},
+             "gpu_power_w_end": None, "gpu_clock_events_end": None, "gpu_slowdown_ms": None},
 }
 
 
