@@ -25,8 +25,8 @@ def _is_unknown(state: dict) -> bool:
 
 @pytest.fixture
 def smi(monkeypatch):
-    """A stand-in for ``gpu_state._run`` of nvidia-smi: ``answers`` maps the reasons field queried to a
-    CompletedProcess (or an exception to raise); every call's argv is in ``calls``."""
+    """A stand-in for ``gpu_state._run`` of nvidia-smi: ``answers`` maps the last field queried (the reasons field,
+    or the last counter) to a CompletedProcess (or an exception to raise); every call's argv is in ``calls``."""
     monkeypatch.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
     monkeypatch.setattr(gs, "_working_event_field", None)
     monkeypatch.setattr(gs, "_hung", False)
@@ -168,14 +168,28 @@ def _counters(unit: str = " [us]", values: str = "1000, 0, 250, 0") -> str:
     return ", ".join(f + unit for f in gs.COUNTER_FIELDS) + "\n" + values + "\n"
 
 
-def test_counters_are_summed_in_ms_by_the_unit_their_header_names():
+#: nvidia-smi's answer as a public capture from an H100 80GB HBM3 (driver 590.48.01) prints it
+#: (github.com/utkuozdemir/nvidia_gpu_exporter, internal/captures/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt:
+#: ``--format=csv`` gives ``name [us]`` headers and ``N us`` values), with made-up counts.
+REAL = ("clocks_event_reasons_counters.sw_power_cap [us], clocks_event_reasons_counters.sw_thermal_slowdown [us], "
+        "clocks_event_reasons_counters.hw_thermal_slowdown [us], clocks_event_reasons_counters.hw_power_brake_slowdown "
+        "[us]\r\n212553937 us, 0 us, 1000 us, 0 us\r\n")
+
+
+def test_counters_are_summed_in_ms_by_the_unit_nvidia_smi_names():
+    assert gs.parse_counters(REAL) == pytest.approx(212554.937)
     assert gs.parse_counters(_counters(" [us]")) == pytest.approx(1.25)
     assert gs.parse_counters(_counters(" [ms]")) == pytest.approx(1250.0)
     assert gs.parse_counters(_counters(" [ns]", "2000000, 0, 0, 0")) == pytest.approx(2.0)
-    # a unit it does not know, none at all, or a counter not reported: unknown, not guessed
+    assert gs.parse_counters(_counters("", "1 ms, 2 ms, 0 ms, 0 ms")) == pytest.approx(3.0)  # the values' unit
+    # no unit anywhere: microseconds, as nvidia-smi --help-query-gpu documents them
+    assert gs.parse_counters(_counters("")) == pytest.approx(1.25)
+    assert gs.parse_counters("WARNING: infoROM is corrupted at gpu 0000:01:00.0\n" + REAL) == pytest.approx(212554.937)
+    # a unit it does not know, units that disagree, or a counter not reported: unknown, not guessed
     assert math.isnan(gs.parse_counters(_counters(" [ticks]")))
-    assert math.isnan(gs.parse_counters(_counters("")))
+    assert math.isnan(gs.parse_counters(_counters(" [us]", "1 ms, 0, 0, 0")))
     assert math.isnan(gs.parse_counters(_counters(" [us]", "1000, [N/A], 0, 0")))
+    assert math.isnan(gs.parse_counters(_counters(" [us]", "1000, [Not Supported], 0, 0")))
 
 
 def test_what_is_not_a_counters_answer_is_none():
@@ -190,7 +204,7 @@ def test_slowdown_ms_asks_for_the_counters_with_their_units(smi):
     smi.answers[LAST_COUNTER] = _done(_counters(" [us]"))
     assert gs.slowdown_ms(gs.card("ab-cd")) == pytest.approx(1.25)
     cmd = smi.calls[0]
-    assert cmd[:3] == ["nvidia-smi", "-i", "GPU-ab-cd"] and "--format=csv,nounits" in cmd
+    assert cmd[:3] == ["nvidia-smi", "-i", "GPU-ab-cd"] and "--format=csv" in cmd
     assert f"--query-gpu={','.join(gs.COUNTER_FIELDS)}" in cmd
 
 
@@ -198,6 +212,24 @@ def test_a_driver_without_the_counters_is_asked_once(smi):
     smi.answers[LAST_COUNTER] = _done(f'Field "{gs.COUNTER_FIELDS[0]}" is not a valid field to query.\n', rc=2)
     assert math.isnan(gs.slowdown_ms()) and math.isnan(gs.slowdown_ms())
     assert len(smi.calls) == 1
+
+
+def test_any_other_failure_is_unknown_this_time_and_asked_again():
+    """A driver that knows the fields but fails once (no device, NVML not up yet) is asked again next sample."""
+    calls = []
+    answers = iter([(0, "No devices were found\n"), (9, ""), (0, REAL)])
+
+    def run(cmd, **kw):
+        calls.append(cmd)
+        return next(answers)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+        mp.setattr(gs, "_run", run)
+        mp.setattr(gs, "_hung", False)
+        mp.setattr(gs, "_no_counters", False)
+        assert math.isnan(gs.slowdown_ms()) and math.isnan(gs.slowdown_ms())
+        assert gs.slowdown_ms() == pytest.approx(212554.937) and len(calls) == 3
 
 
 @pytest.mark.parametrize("answer", [subprocess.TimeoutExpired(["nvidia-smi"], 5), OSError("gone"),
@@ -208,6 +240,18 @@ def test_a_failing_or_hanging_counters_query_is_unknown_never_an_error(smi, answ
     if isinstance(answer, subprocess.TimeoutExpired):  # a hung driver: no later call, for either query
         smi.answers["clocks_event_reasons.active"] = _done(LINE)
         assert _is_unknown(gs.gpu_state()) and math.isnan(gs.slowdown_ms()) and len(smi.calls) == 1
+
+
+def test_a_sample_is_the_state_with_the_counters_read_before_or_after_it(smi):
+    order = []
+    smi.answers["clocks_event_reasons.active"] = _done(LINE)
+    smi.answers[LAST_COUNTER] = _done(REAL)
+    s = gs.sample("0")
+    order += [c[3].rsplit(",", 1)[1] for c in smi.calls]
+    e = gs.sample("0", counters_first=True)
+    order += [c[3].rsplit(",", 1)[1] for c in smi.calls[2:]]
+    assert s[gs.SLOWDOWN_KEY] == e[gs.SLOWDOWN_KEY] == pytest.approx(212554.937) and s["sm_mhz"] == 1980.0
+    assert order == ["clocks_event_reasons.active", LAST_COUNTER, LAST_COUNTER, "clocks_event_reasons.active"]
 
 
 def test_the_window_records_the_counters_growth():

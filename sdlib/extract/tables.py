@@ -19,6 +19,7 @@ import pandas as pd
 
 from sdlib.extract.acceptance import AlignmentError, steps_from_gains
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN, ngram_trace
+from sdlib.store.gpu_state import SLOWDOWN_KEY
 from sdlib.store.provenance import git_commit
 from sdlib.store.schema import columns, conform
 
@@ -181,10 +182,10 @@ def gpu_columns(start: Optional[dict[str, Any]], end: Optional[dict[str, Any]]) 
 
 
 def _held_down_ms(start: dict[str, Any], end: dict[str, Any]) -> float:
-    """The clock-event counters' growth between the two samples (``slowdown_ms``,
-    :func:`sdlib.store.gpu_state.slowdown_ms`); NaN when either is unknown or the counters went back (a driver
+    """The clock-event counters' growth between the two samples (:func:`sdlib.store.gpu_state.sample`'s
+    ``slowdown_ms``); NaN when either is unknown or the counters went back (a driver
     reload)."""
-    a, b = start.get("slowdown_ms"), end.get("slowdown_ms")
+    a, b = start.get(SLOWDOWN_KEY), end.get(SLOWDOWN_KEY)
     if a is None or b is None or math.isnan(a) or math.isnan(b) or b < a:
         return float("nan")
     return float(b - a)

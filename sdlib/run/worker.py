@@ -33,7 +33,7 @@ from sdlib.models.shapes import write_shape
 from sdlib.run.driver import drive
 from sdlib.run.supervise import SHM_TRACK_S, group_pids, remove_unused, shm_files
 from sdlib.store import SweepStore, utc_now, write_json_atomic
-from sdlib.store.gpu_state import card, gpu_state, slowdown_ms
+from sdlib.store.gpu_state import card, sample as gpu_sample
 from sdlib.store.provenance import device_name, device_uuid
 from sdlib.vllm import compat as vc
 from sdlib.vllm import confidence_stop as cs
@@ -188,7 +188,7 @@ def run_group(spec: dict[str, Any]) -> int:
                           id_prefix=f"warm-{cell.run_id}-")
             # the card's clocks, temperature, power, throttle reasons and clock-event counters: sampled outside the
             # timed requests (the counters' growth between the two samples is the window's, runs.gpu_slowdown_ms)
-            gpu_start = {**gpu_state(gpu_card), "slowdown_ms": slowdown_ms(gpu_card)}
+            gpu_start = gpu_sample(gpu_card)
             started_at = utc_now()
             if timers is not None:
                 timers.reset()
@@ -201,7 +201,7 @@ def run_group(spec: dict[str, Any]) -> int:
             with tqdm(total=n, desc="requests", unit="req", leave=False, file=sys.stderr) as pbar:
                 result = drive(engine, prompts, cell.batch_size, params, mode=cell.batch_mode,
                                spec_metrics=vc.request_spec_metrics, progress=pbar)
-            gpu_end = {**gpu_state(gpu_card), "slowdown_ms": slowdown_ms(gpu_card)}
+            gpu_end = gpu_sample(gpu_card, counters_first=True)  # the counters' span: the requests alone
             counters = vc.diff_counters(vc.read_spec_counters(llm), before)
             replay = None
             if by_index is not None:

@@ -7,19 +7,20 @@ window: before the requests the card idles after the warm-up, and after them it 
 a slowdown shows (lower clocks, a power or thermal reason: :func:`clock_event_names`) only where it outlasts the
 cell's requests.
 
-Between the two moments, :func:`slowdown_ms` reads nvidia-smi's cumulative clock-event counters (the time the
-clocks were held down for power or thermal reasons since the driver loaded); their difference over the requests
+With each sample, :func:`slowdown_ms` reads nvidia-smi's cumulative clock-event counters (the time the clocks
+have been held down for each power or thermal reason); their growth between the two samples
 (``runs.gpu_slowdown_ms``) covers the whole window, so it catches a slowdown that a sample at either end misses.
 
 Never raises: without ``nvidia-smi`` (a CPU machine, CI), or when it fails or hangs, every value is unknown
 (NaN, and None for the reasons); a call that hangs is killed and not waited for past :data:`TIMEOUT_S` + 1 s.
 
 Usage:
-    from sdlib.store.gpu_state import gpu_state, clock_event_names
+    from sdlib.store.gpu_state import gpu_state, clock_event_names, sample, slowdown_ms
     s = gpu_state()  # {"sm_mhz": 1980.0, "mem_mhz": 2619.0, "temp_c": 41.0, "power_w": 117.3,
                      #  "clock_events": "0x0000000000000004"}
     clock_event_names(s["clock_events"])  # ["sw_power_cap"]
-    slowdown_ms()  # 1234.5: ms the clocks have been held down since the driver loaded (NaN if unknown)
+    slowdown_ms()  # 1234.5: ms the clocks have been held down, summed over the reasons (NaN if unknown)
+    sample()  # gpu_state() with slowdown_ms() as "slowdown_ms": what a cell records before and after its requests
 """
 
 from __future__ import annotations
@@ -56,15 +57,17 @@ CLOCK_EVENT_BITS = {
 #: (data/gpu/h100_v034_2026-12-06f.json); older drivers reject them, and then the sum is unknown.
 COUNTER_FIELDS = tuple(f"clocks_event_reasons_counters.{r}" for r in
                        ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"))
-#: The counters' unit as nvidia-smi's csv header names it (``name [us]``), to milliseconds; any other (or none)
-#: leaves the sum unknown rather than guessed.
+#: The counters' unit as nvidia-smi's csv names it (``name [us]``, ``212553937 us``), to milliseconds; another
+#: leaves the sum unknown rather than guessed (:func:`parse_counters`).
 COUNTER_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+#: The key of :func:`sample` that holds :func:`slowdown_ms`.
+SLOWDOWN_KEY = "slowdown_ms"
 
 #: The reasons field this machine's nvidia-smi answered last (tried first next time, so a sample is one call).
 _working_event_field: Optional[str] = None
 #: Set once a call has hung: later samples are unknown at once rather than each waiting out :data:`TIMEOUT_S`.
 _hung = False
-#: Set once nvidia-smi has not answered the counters query (an older driver): later sums are unknown at once.
+#: Set once nvidia-smi has rejected the counters' fields (an older driver): later sums are unknown at once.
 _no_counters = False
 
 
@@ -169,11 +172,24 @@ def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
         return unknown()
 
 
+def _counter_value(text: str) -> tuple[float, Optional[str]]:
+    """One counter field: its number and the unit written after it (``212553937 us``), or (NaN, None) for
+    nvidia-smi's ``[N/A]``; ValueError if it is neither."""
+    if text.startswith("[") and text.endswith("]"):
+        return math.nan, None
+    num, _, unit = text.partition(" ")
+    x = float(num)  # ValueError: not a counter
+    return x, (unit.strip() or None)
+
+
 def parse_counters(text: str) -> Optional[float]:
-    """``nvidia-smi --query-gpu=<COUNTER_FIELDS> --format=csv,nounits`` (a header, then one line) -> the counters'
-    sum in ms; NaN where a counter is not reported or the header names no unit of :data:`COUNTER_UNITS_MS`; None
-    if the text is not such an answer (an error message, no header)."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    """``nvidia-smi --query-gpu=<COUNTER_FIELDS> --format=csv`` (a header, then one line per card; the first
+    counts) -> the four counters' sum in ms; NaN where a counter is not reported or the unit is one
+    :data:`COUNTER_UNITS_MS` does not know; None if the text is not such an answer (an error message, no header).
+    The unit is the one the header names (``name [us]``) or the values carry (``212553937 us``); where neither
+    names one, microseconds, the unit ``nvidia-smi --help-query-gpu`` gives them ("Retrieves counters in
+    microseconds")."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     head = next((i for i, ln in enumerate(lines) if ln.startswith(COUNTER_FIELDS[0])), None)
     if head is None or head + 1 >= len(lines):
         return None
@@ -183,28 +199,32 @@ def parse_counters(text: str) -> Optional[float]:
         return None
     if not all(n.startswith(f) for n, f in zip(names, COUNTER_FIELDS)):
         return None
-    nums = [_number(v) for v in values]
-    if not all(not math.isnan(x) or (v.startswith("[") and v.endswith("]")) for x, v in zip(nums, values)):
+    try:
+        parsed = [_counter_value(v) for v in values]
+    except ValueError:
         return None  # a field that is neither a number nor nvidia-smi's "[N/A]": not an answer
-    units = {n[len(f):].strip().strip("[]").strip() for n, f in zip(names, COUNTER_FIELDS)}
-    scale = COUNTER_UNITS_MS.get(units.pop()) if len(units) == 1 else None
+    units = {n[len(f):].strip().strip("[]").strip() for n, f in zip(names, COUNTER_FIELDS)} - {""}
+    units |= {u for _, u in parsed if u}
+    unit = units.pop() if len(units) == 1 else ("us" if not units else None)
+    scale = COUNTER_UNITS_MS.get(unit) if unit else None
+    nums = [x for x, _ in parsed]
     if scale is None or any(math.isnan(x) for x in nums):
         return math.nan
     return sum(nums) * scale
 
 
 def slowdown_ms(device: Optional[str] = None) -> float:
-    """The milliseconds the card's clocks have been held down for power or thermal reasons since the driver
-    loaded (:data:`COUNTER_FIELDS`, summed: reasons that overlap count once each), from one ``nvidia-smi`` call;
-    NaN when unknown: no nvidia-smi, a driver without the counters (asked once per process), an unknown unit, a
-    failure or a hang (as :func:`gpu_state`). The difference of two readings is the time held down between them.
-    Never raises."""
+    """The sum, in ms, of the times the card's clocks have been held down for each of the power and thermal
+    reasons of :data:`COUNTER_FIELDS` since the counters started (the driver's load, we take it); a moment when
+    two reasons held at once counts once for each, so the sum can exceed the time that passed. One
+    ``nvidia-smi`` call. NaN when unknown: no nvidia-smi, a failure or a hang (as :func:`gpu_state`), a counter
+    not reported, an unknown unit; a driver that rejects the fields (``is not a valid field``) is not asked again
+    in this process. The difference of two readings is the held-down time between them. Never raises."""
     global _hung, _no_counters
     try:
         if _hung or _no_counters or not shutil.which("nvidia-smi"):
             return math.nan
-        cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join(COUNTER_FIELDS)}",
-               "--format=csv,nounits"]
+        cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join(COUNTER_FIELDS)}", "--format=csv"]
         try:
             _, out = _run(cmd, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -212,11 +232,22 @@ def slowdown_ms(device: Optional[str] = None) -> float:
             return math.nan
         total = parse_counters(out)
         if total is None:
-            _no_counters = True  # not an answer: this driver does not know the fields; do not ask again
+            if "is not a valid field" in out:
+                _no_counters = True  # this driver does not know the fields: do not ask again
             return math.nan
         return total
     except Exception:  # noqa: BLE001 - a measurement aid must never fail a cell
         return math.nan
+
+
+def sample(device: Optional[str] = None, counters_first: bool = False) -> dict[str, Any]:
+    """:func:`gpu_state` with :func:`slowdown_ms` under :data:`SLOWDOWN_KEY`: what a cell records just before its
+    requests and (``counters_first``, so that the counters' span is the requests' alone) just after them."""
+    if counters_first:
+        held = slowdown_ms(device)
+        return {**gpu_state(device), SLOWDOWN_KEY: held}
+    state = gpu_state(device)
+    return {**state, SLOWDOWN_KEY: slowdown_ms(device)}
 
 
 def clock_event_names(mask: Optional[str]) -> list[str]:

@@ -65,9 +65,9 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
          "null without nvidia-smi and in cells written before it was recorded"),
         ("gpu_slowdown_ms", "float64", "ms the GPU's clocks were held down for power or thermal reasons between the "
          "two samples, i.e. over the measured requests: nvidia-smi's clocks_event_reasons_counters (SW power cap, "
-         "SW and HW thermal, HW power brake) summed, differenced (sdlib.store.gpu_state.slowdown_ms; reasons that "
-         "overlap count once each); NaN without nvidia-smi, on drivers without the counters, and in cells written "
-         "before it was recorded"),
+         "SW and HW thermal, HW power brake) summed, differenced (sdlib.store.gpu_state.slowdown_ms); a moment when "
+         "two reasons held counts for each, so it can exceed the window; NaN without nvidia-smi, on drivers without "
+         "the counters, and in cells written before it was recorded"),
     ],
     "requests": [
         ("run_id", "string", "cell id (runs.run_id)"),
