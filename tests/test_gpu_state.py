@@ -26,7 +26,8 @@ def _is_unknown(state: dict) -> bool:
 @pytest.fixture
 def smi(monkeypatch):
     """A stand-in for ``gpu_state._run`` of nvidia-smi: ``answers`` maps the last field queried (the reasons field,
-    or the last counter) to a CompletedProcess (or an exception to raise); every call's argv is in ``calls``."""
+    or the last counter) to a CompletedProcess (or an exception to raise), or to a list of them answered in turn;
+    every call's argv is in ``calls``."""
     monkeypatch.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
     monkeypatch.setattr(gs, "_working_event_field", None)
     monkeypatch.setattr(gs, "_hung", False)
@@ -39,6 +40,8 @@ def smi(monkeypatch):
         assert kw.get("timeout") and kw["timeout"] <= 10
         query = next(a for a in cmd if a.startswith("--query-gpu="))
         ans = fake.answers[query.rsplit(",", 1)[1]]
+        if isinstance(ans, list):
+            ans = ans.pop(0)
         if isinstance(ans, BaseException):
             raise ans
         return ans.returncode, ans.stdout
@@ -214,22 +217,11 @@ def test_a_driver_without_the_counters_is_asked_once(smi):
     assert len(smi.calls) == 1
 
 
-def test_any_other_failure_is_unknown_this_time_and_asked_again():
+def test_any_other_failure_is_unknown_this_time_and_asked_again(smi):
     """A driver that knows the fields but fails once (no device, NVML not up yet) is asked again next sample."""
-    calls = []
-    answers = iter([(0, "No devices were found\n"), (9, ""), (0, REAL)])
-
-    def run(cmd, **kw):
-        calls.append(cmd)
-        return next(answers)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gs.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-        mp.setattr(gs, "_run", run)
-        mp.setattr(gs, "_hung", False)
-        mp.setattr(gs, "_no_counters", False)
-        assert math.isnan(gs.slowdown_ms()) and math.isnan(gs.slowdown_ms())
-        assert gs.slowdown_ms() == pytest.approx(212554.937) and len(calls) == 3
+    smi.answers[LAST_COUNTER] = [_done("No devices were found\n"), _done("", rc=9), _done(REAL)]
+    assert math.isnan(gs.slowdown_ms()) and math.isnan(gs.slowdown_ms())
+    assert gs.slowdown_ms() == pytest.approx(212554.937) and len(smi.calls) == 3
 
 
 @pytest.mark.parametrize("answer", [subprocess.TimeoutExpired(["nvidia-smi"], 5), OSError("gone"),

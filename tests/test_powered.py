@@ -1,6 +1,8 @@
 """sdlib.analysis.powered on hand-made tables: paired ratios over (engine start, prompt) units, the A/A drift and
 MDE, the established rule, and the headline over the best fixed arm; plus the committed sweeps it reads."""
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -233,10 +235,11 @@ def test_block_status_per_model_follows_method_targets():
     assert b.loc["n", "complete"] and b.loc["n", "cells_expected"] == 1     # n-gram does not target n
 
 
-def _h100_headline_table(name: str, dataset: str) -> pd.DataFrame:
-    """Notebook 06's committed ``powered_<name>`` table of the H100 headline, one dataset's rows."""
+def _h100_headline_table(name: str, dataset: Optional[str] = None) -> pd.DataFrame:
+    """Notebook 06's committed ``powered_<name>`` table of the H100 headline: one dataset's rows, or every row."""
     path = REPO_ROOT / "figures" / f"06_trace_replay__powered_{name}__sweep=h100_v034_headline.csv"
-    return pd.read_csv(path).query("dataset == @dataset")
+    t = pd.read_csv(path)
+    return t if dataset is None else t.query("dataset == @dataset")
 
 
 def test_the_h100_headline_gsm8k_verdicts_are_the_ones_the_readme_states():
@@ -307,8 +310,6 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
     exclude 1 by less than the drift; at bs 128 (best fixed EAGLE-3 k = 1) Oracle Proposal, the online policy and
     ADAPTIVE are, and Combine excludes 1 by less than the drift; on the K = 5 engine no policy is established against
     fixed k = 5."""
-    fig = REPO_ROOT / "figures"
-
     def table(name):
         return _h100_headline_table(name, "cnn_dailymail")
 
@@ -329,7 +330,7 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
         e = same[(same["batch_size"] == bs) & same["arm"].str.startswith("eagle3-k5-")]
         assert len(e) == 3 and not e["established"].any()
     # the machine slowed down during start 1: every arm's start-1 rate over its start-0 rate, the block's median
-    starts = pd.read_csv(fig / "06_trace_replay__powered_starts__sweep=h100_v034_headline.csv")
+    starts = _h100_headline_table("starts")
     med = starts.groupby(["dataset", "batch_size"])["block_median"].first()
     assert (med.loc["cnn_dailymail"] < 0.92).all()
     assert med.drop("cnn_dailymail", level="dataset").between(0.95, 1.06).all()
@@ -360,11 +361,10 @@ def test_the_h100_headline_instructcoder_bs1_verdicts_are_the_ones_the_readme_st
     starts = _h100_headline_table("starts", "instructcoder").query("batch_size == 1")
     assert starts["block_median"].between(0.99, 1.01).all() and starts["ratio"].between(0.98, 1.02).all()
     # across the nine blocks: the only one where the online policy is established ahead, and the finest A/A
-    fig = REPO_ROOT / "figures"
-    every = pd.read_csv(fig / "06_trace_replay__powered_headline__sweep=h100_v034_headline.csv")
+    every = _h100_headline_table("headline")
     ahead = every[(every["arm"] == "eagle3-k5-online") & every["established"] & (every["ratio_lo"] > 1)]
     assert list(zip(ahead["dataset"], ahead["batch_size"])) == [("instructcoder", 1)]
-    all_aa = pd.read_csv(fig / "06_trace_replay__powered_aa__sweep=h100_v034_headline.csv")
+    all_aa = _h100_headline_table("aa")
     finest = all_aa.loc[all_aa["mde"].idxmin()]
     assert (finest["dataset"], finest["batch_size"]) == ("instructcoder", 1)
     # simulated against measured: the linear predictors over-predict the fixed cell here; for Combine the ragged

@@ -84,6 +84,11 @@ def _number(text: str) -> float:
     return x if math.isfinite(x) else math.nan
 
 
+def _not_reported(text: str) -> bool:
+    """nvidia-smi's answer for a field the card does not report: ``[N/A]``, ``[Not Supported]``."""
+    return text.startswith("[") and text.endswith("]")
+
+
 def _mask(text: str) -> Optional[str]:
     """The reasons bitmask as nvidia-smi prints it (``0x...``), None if it is not one (``[N/A]``)."""
     try:
@@ -103,7 +108,7 @@ def parse(line: str) -> Optional[dict[str, Any]]:
     nums = [_number(p) for p in parts[:-1]]
     events = _mask(parts[-1])
     known = [not math.isnan(x) for x in nums] + [events is not None]
-    if not all(k or (p.startswith("[") and p.endswith("]")) for k, p in zip(known, parts)):  # "[N/A]" is an answer
+    if not all(k or _not_reported(p) for k, p in zip(known, parts)):  # "[N/A]" is an answer
         return None  # a message with commas in it, not an answer
     return {**dict(zip(KEYS, nums)), "clock_events": events}
 
@@ -141,6 +146,20 @@ def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
     return proc.returncode, out or ""
 
 
+def _query(device: Optional[str], fields: tuple[str, ...], fmt: str) -> Optional[str]:
+    """nvidia-smi's standard output for ``fields`` of the card (``device``, default :func:`_device`) in ``fmt``;
+    None without nvidia-smi or once a call has hung (this one or an earlier: later calls get None at once)."""
+    global _hung
+    if _hung or not shutil.which("nvidia-smi"):
+        return None
+    cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join(fields)}", f"--format={fmt}"]
+    try:
+        return _run(cmd, timeout=TIMEOUT_S)[1]
+    except subprocess.TimeoutExpired:
+        _hung = True  # a hung driver: no second wait, now or in later samples of this process
+        return None
+
+
 def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
     """The GPU's clocks (MHz), temperature (C), power draw (W) and active clock-event reasons (a hex bitmask
     string, :func:`clock_event_names`), keys :data:`KEYS` and ``clock_events``; NaN / None for what is not known.
@@ -150,18 +169,12 @@ def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
     one); the first line of its output that is an answer counts, whatever its exit status (nvidia-smi exits
     non-zero on some warnings that come with a valid answer). All unknown without nvidia-smi or when it fails or
     takes over :data:`TIMEOUT_S` (then every later sample in this process is unknown at once). Never raises."""
-    global _working_event_field, _hung
+    global _working_event_field
     try:
-        if _hung or not shutil.which("nvidia-smi"):
-            return unknown()
         order = [f for f in (_working_event_field, *EVENT_FIELDS) if f]
         for field in dict.fromkeys(order):
-            cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join((*FIELDS, field))}",
-                   "--format=csv,noheader,nounits"]
-            try:
-                _, out = _run(cmd, timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                _hung = True  # a hung driver: no second wait, now or in later samples of this process
+            out = _query(device, (*FIELDS, field), "csv,noheader,nounits")
+            if out is None:
                 return unknown()
             state = next((s for s in map(parse, out.strip().splitlines()) if s is not None), None)
             if state is not None:
@@ -175,7 +188,7 @@ def gpu_state(device: Optional[str] = None) -> dict[str, Any]:
 def _counter_value(text: str) -> tuple[float, Optional[str]]:
     """One counter field: its number and the unit written after it (``212553937 us``), or (NaN, None) for
     nvidia-smi's ``[N/A]``; ValueError if it is neither."""
-    if text.startswith("[") and text.endswith("]"):
+    if _not_reported(text):
         return math.nan, None
     num, _, unit = text.partition(" ")
     x = float(num)  # ValueError: not a counter
@@ -220,15 +233,10 @@ def slowdown_ms(device: Optional[str] = None) -> float:
     ``nvidia-smi`` call. NaN when unknown: no nvidia-smi, a failure or a hang (as :func:`gpu_state`), a counter
     not reported, an unknown unit; a driver that rejects the fields (``is not a valid field``) is not asked again
     in this process. The difference of two readings is the held-down time between them. Never raises."""
-    global _hung, _no_counters
+    global _no_counters
     try:
-        if _hung or _no_counters or not shutil.which("nvidia-smi"):
-            return math.nan
-        cmd = ["nvidia-smi", "-i", device or _device(), f"--query-gpu={','.join(COUNTER_FIELDS)}", "--format=csv"]
-        try:
-            _, out = _run(cmd, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            _hung = True
+        out = None if _no_counters else _query(device, COUNTER_FIELDS, "csv")
+        if out is None:
             return math.nan
         total = parse_counters(out)
         if total is None:
