@@ -195,6 +195,19 @@ def test_counters_are_summed_in_ms_by_the_unit_nvidia_smi_names():
     assert math.isnan(gs.parse_counters(_counters(" [us]", "1000, [Not Supported], 0, 0")))
 
 
+#: The answer an H100 80GB HBM3 of the device machine gave, verbatim, on 2026-12-06 (the sixteenth GPU session's
+#: first call, docs/gpu_034.md): the same form as the public capture above.
+OURS = ("clocks_event_reasons_counters.sw_power_cap [us], clocks_event_reasons_counters.sw_thermal_slowdown [us], "
+        "clocks_event_reasons_counters.hw_thermal_slowdown [us], clocks_event_reasons_counters.hw_power_brake_slowdown "
+        "[us]\n0 us, 0 us, 0 us, 0 us\n")
+
+
+def test_the_answer_our_h100_gave_parses_to_zero_not_unknown():
+    assert gs.parse_counters(OURS) == 0.0
+    grown = OURS.replace("0 us, 0 us, 0 us, 0 us", "1500 us, 0 us, 2 us, 0 us")
+    assert gs.parse_counters(grown) == pytest.approx(1.502)
+
+
 def test_what_is_not_a_counters_answer_is_none():
     assert gs.parse_counters('Field "clocks_event_reasons_counters.sw_power_cap" is not a valid field to query.') is None
     assert gs.parse_counters("") is None
