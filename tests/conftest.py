@@ -148,20 +148,25 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark notebook items ``notebooks`` (``engine`` and ``gpu`` items are skipped at set-up without vLLM or a
     GPU: :func:`pytest_runtest_setup`). For ``pytest -n 2 --dist loadgroup`` (``make test``), each item gets
     an ``xdist_group``: its module, or ``notebook_runs`` for every user of the session's notebook runs, so a
     module's fixtures and the notebook runs are made once, in one worker; and the groups are ordered longest
     first by their recorded durations (with ``--no-loadscope-reorder``, the workers take them in that order,
-    so the last ones to run are short)."""
+    so the last ones to run are short). It runs first: pytest-xdist's own hook turns the ``xdist_group`` markers
+    into the node-id suffixes its scheduler groups by, and markers added after it are ignored (as they were
+    until 2026-12-06: each test was then scheduled alone, and a module's fixtures were made in both workers)."""
     for item in items:
         uses_runs = "notebook_runs" in getattr(item, "fixturenames", ())
         if str(getattr(item, "path", "")).endswith(".ipynb") or uses_runs:
             item.add_marker(pytest.mark.notebooks)
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("notebook_runs" if uses_runs else item.nodeid.split("::")[0]))
-    if config.getoption("dist", "no") == "loadgroup":
+    # in an xdist worker (where the order counts: the controller schedules the workers' collection) "dist" is
+    # reset to "no" and "loadgroup" says what it was
+    if config.getoption("dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):
         items[:] = durations.longest_groups_first(items)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +26,16 @@ from pathlib import Path
 
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 TIERS = ("fast", "engine", "notebooks", "gpu")
+
+
+#: The suffix pytest-xdist adds to a node id under ``--dist loadgroup`` (``<nodeid>@<group>``): the groups
+#: ``tests/conftest.py`` gives are a test file (module or notebook) or ``notebook_runs``.
+_GROUP_SUFFIX = re.compile(r"@(?:notebook_runs|[^@:\[\]]+\.(?:py|ipynb))$")
+
+
+def base_nodeid(nodeid: str) -> str:
+    """``nodeid`` without the xdist group suffix, so a test has one record whether it ran grouped or not."""
+    return _GROUP_SUFFIX.sub("", nodeid)
 
 
 def tier_of(keywords) -> str:
@@ -66,7 +77,7 @@ def longest_groups_first(items: list) -> list:
     for item in items:
         m = item.get_closest_marker("xdist_group")
         groups.setdefault(m.args[0] if m and m.args else item.nodeid, []).append(item)
-    cost = {g: sum(float(rec.get(i.nodeid, {}).get("s", 1.0)) for i in its) for g, its in groups.items()}
+    cost = {g: sum(float(rec.get(base_nodeid(i.nodeid), {}).get("s", 1.0)) for i in its) for g, its in groups.items()}
     return [i for g in sorted(groups, key=lambda g: -cost[g]) for i in groups[g]]
 
 
@@ -84,10 +95,11 @@ class _Durations:
         self.t0 = time.monotonic()
 
     def pytest_runtest_logreport(self, report):  # in the controller too under xdist: tiers from the keywords
-        self.tier[report.nodeid] = tier_of(report.keywords)
-        self.seconds[report.nodeid] += report.duration
+        n = base_nodeid(report.nodeid)
+        self.tier[n] = tier_of(report.keywords)
+        self.seconds[n] += report.duration
         if report.when == "call" or report.outcome != "passed":
-            self.outcome[report.nodeid] = report.outcome if not hasattr(report, "wasxfail") else "xfail"
+            self.outcome[n] = report.outcome if not hasattr(report, "wasxfail") else "xfail"
 
     def pytest_terminal_summary(self, terminalreporter):
         ran = {n: s for n, s in self.seconds.items() if n in self.tier and self.outcome.get(n) != "skipped"}

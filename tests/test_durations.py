@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from sdlib.paths import REPO_ROOT
 from tests.durations import TIERS, read_durations, tier_sums
 
@@ -31,3 +33,22 @@ def test_recorded_tests_exist():
         if not f.is_file() or not re.search(rf"^\s*(async\s+)?def {re.escape(func)}\(", f.read_text(), re.M):
             missing.append(nodeid)
     assert not missing, f"recorded in tests/durations.json but not defined: {missing[:10]}"
+
+
+def test_base_nodeid_drops_only_the_xdist_group_suffix():
+    from tests.durations import base_nodeid
+
+    assert base_nodeid("tests/test_a.py::test_x@tests/test_a.py") == "tests/test_a.py::test_x"
+    assert base_nodeid("tests/test_a.py::test_x[1]@notebook_runs") == "tests/test_a.py::test_x[1]"
+    assert base_nodeid("notebooks/01_a.ipynb::notebooks/01_a.ipynb@notebooks/01_a.ipynb") == \
+        "notebooks/01_a.ipynb::notebooks/01_a.ipynb"
+    assert base_nodeid("tests/test_a.py::test_x[gsm8k:1@0]") == "tests/test_a.py::test_x[gsm8k:1@0]"
+
+
+def test_under_loadgroup_a_test_is_scheduled_with_its_module(request):
+    """``make test`` groups each module's tests into one worker: pytest-xdist then suffixes every node id with
+    the group (``tests/conftest.py`` adds the markers before xdist's hook reads them). Without the suffix each
+    test is scheduled alone and a module fixture is made in every worker that runs one of its tests."""
+    if not getattr(request.config.option, "loadgroup", False):  # set in an xdist worker under --dist loadgroup
+        pytest.skip("only under pytest -n N --dist loadgroup (make test)")
+    assert request.node.nodeid.endswith("@tests/test_durations.py"), request.node.nodeid
