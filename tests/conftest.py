@@ -27,11 +27,12 @@ import pytest
 from tests import durations
 
 #: The CPU build's KV cache for the tests' engines, in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; a test or the caller
-#: may set another). Unset, vLLM sizes it from ``gpu_memory_utilization`` x the node's memory (1.66 GiB at the
-#: tests' 0.1 on the 23.5 GiB development machine, more on a larger one) and fills it at every engine start, about
-#: 10 s a GiB on 2 cores: 1 GiB holds some 270,000 tokens of the tiny models, far more than any test asks, and
-#: took two engine tests from 114 s to 88 s (2026-12-07). Set here, before any test starts an engine process,
-#: which inherits it.
+#: may set another). Unset, vLLM sizes it from ``gpu_memory_utilization`` x the node's memory (1.66 GiB at 0.1 on
+#: the 23.5 GiB development machine, about 4 GiB at the 0.2 some tests use, more on a larger machine) and fills it
+#: at every engine start, about 10 s a GiB on 2 cores. 1 GiB holds about 280,000 tokens of the bf16 target (233,000
+#: beside the draft model; half that in float32), where a test needs a few thousand; it took two engine test files
+#: from 114 s to 88 s (2026-12-07). Set here, before any test starts an engine process, which inherits it; sdlib's
+#: preflight reads the same variable (sdlib.vllm.options.cpu_kv_budget_bytes).
 TEST_CPU_KVCACHE_GIB = "1"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", TEST_CPU_KVCACHE_GIB)
 

@@ -214,6 +214,8 @@ def no_engine(monkeypatch):
         raise AssertionError("an engine was started")
     monkeypatch.setattr("sdlib.run.groups.EngineProcess", refuse)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the KV cache by engine.gpu_memory_utilization, as a user's shell has it (tests/conftest.py sets 1 GiB)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
 
 
 def test_the_base_config_is_valid(folder, no_engine, capsys):
@@ -271,3 +273,22 @@ def test_malformed_config_fails_fast_in_one_line(folder, no_engine, capsys, case
         assert len(err.splitlines()) == 1 and err.startswith("error: "), err
         assert expect in err, err
         assert "ArgsKwargs" not in err and len(err) < 400, err
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the KV cache is known before start-up only on the CPU build")
+def test_a_kv_cache_set_by_vllms_variable_is_the_one_checked_and_named(folder, no_engine, capsys, monkeypatch):
+    """vLLM's CPU build takes VLLM_CPU_KVCACHE_SPACE over engine.gpu_memory_utilization: the check uses it and the
+    message names it (raising gpu_memory_utilization would change nothing)."""
+    from sdlib.vllm.options import cpu_kv_budget_bytes
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")
+    assert cpu_kv_budget_bytes(0.9) == 0
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert cpu_kv_budget_bytes(1e-7) == 2 * 2 ** 30
+    p = folder / "kv_env.yaml"
+    p.write_text(yaml.safe_dump(BASE))
+    assert cli.main(["validate", str(p)]) == 0  # 2 GiB holds the base config, whatever gpu_memory_utilization says
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")
+    assert cli.main(["validate", str(p)]) != 0
+    err = capsys.readouterr().err
+    assert "VLLM_CPU_KVCACHE_SPACE=0 (GiB) gives the CPU build's KV cache at most 0 tokens" in err, err

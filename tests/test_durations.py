@@ -43,6 +43,7 @@ def test_base_nodeid_drops_only_the_xdist_group_suffix():
     assert base_nodeid("notebooks/01_a.ipynb::notebooks/01_a.ipynb@notebooks/01_a.ipynb") == \
         "notebooks/01_a.ipynb::notebooks/01_a.ipynb"
     assert base_nodeid("tests/test_a.py::test_x[gsm8k:1@0]") == "tests/test_a.py::test_x[gsm8k:1@0]"
+    assert base_nodeid("tests/test_a.py::test_x[gsm8k:1@0]@tests/test_a.py") == "tests/test_a.py::test_x[gsm8k:1@0]"
 
 
 def test_under_loadgroup_a_test_is_scheduled_with_its_module(request):

@@ -23,7 +23,7 @@ from sdlib.config import ConfigError, SweepConfig, hub_revision
 from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
-from sdlib.vllm.options import check_options, cpu_kv_budget_bytes, engine_fields, kv_bytes_per_token, speculative_fields
+from sdlib.vllm.options import check_options, cpu_kv_budget_bytes, cpu_kv_setting, engine_fields, kv_bytes_per_token, speculative_fields
 from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_DATASETS, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
@@ -275,7 +275,7 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
             capacity = budget // per_token
             if B * shortest > capacity:
                 raise ConfigError(
-                    f"engine.gpu_memory_utilization: {e.gpu_memory_utilization} gives the CPU build's KV cache at "
+                    f"{cpu_kv_setting(e.gpu_memory_utilization)} gives the CPU build's KV cache at "
                     f"most {capacity} tokens ({per_token} bytes each for models.{i}), fewer than the {B * shortest} "
                     f"that {B} requests of {shortest}+ tokens need ({method.label}); raise it or lower the batch size")
 

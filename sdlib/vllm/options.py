@@ -251,11 +251,35 @@ def node_memory_bytes() -> Optional[int]:
     return max(vals) if vals else None
 
 
+#: vLLM's CPU-build variable that sets the KV cache in GiB, over any engine argument (vllm/platforms/cpu.py).
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def cpu_kv_env_gib() -> Optional[int]:
+    """The KV cache in GiB that ``VLLM_CPU_KVCACHE_SPACE`` sets, as the CPU build reads it (set and not empty), or
+    None; a value that is not an integer is None here (vLLM itself then fails at start-up)."""
+    raw = os.environ.get(CPU_KV_ENV, "").strip()
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def cpu_kv_setting(gpu_memory_utilization: float) -> str:
+    """What sizes the CPU build's KV cache, for a message: the variable where it is set, else the engine field."""
+    gib = cpu_kv_env_gib()
+    return f"{CPU_KV_ENV}={gib} (GiB)" if gib is not None else f"engine.gpu_memory_utilization: {gpu_memory_utilization}"
+
+
 def cpu_kv_budget_bytes(gpu_memory_utilization: float) -> Optional[int]:
-    """At most this many bytes of KV cache on the CPU build: it reserves ``gpu_memory_utilization`` x the node's
-    memory, less what the engine process itself uses (FACTS.md); None when not the CPU build."""
+    """At most this many bytes of KV cache on the CPU build: ``VLLM_CPU_KVCACHE_SPACE`` GiB where it is set (vLLM
+    then takes exactly that), else ``gpu_memory_utilization`` x the node's memory, less what the engine process
+    itself uses (FACTS.md); None when not the CPU build."""
     if not is_cpu_build():
         return None
+    gib = cpu_kv_env_gib()
+    if gib is not None:
+        return gib * 2 ** 30
     mem = node_memory_bytes()
     return None if mem is None else int(mem * gpu_memory_utilization)
 
