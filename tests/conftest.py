@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sdlib.vllm.options import CPU_KV_ENV
 from tests import durations
 
 #: The CPU build's KV cache for the tests' engines, in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; a test or the caller
@@ -34,7 +35,7 @@ from tests import durations
 #: from 114 s to 88 s (2026-12-07). Set here, before any test starts an engine process, which inherits it; sdlib's
 #: preflight reads the same variable (sdlib.vllm.options.cpu_kv_budget_bytes).
 TEST_CPU_KVCACHE_GIB = "1"
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", TEST_CPU_KVCACHE_GIB)
+os.environ.setdefault(CPU_KV_ENV, TEST_CPU_KVCACHE_GIB)
 
 #: Bootstrap replicates of the notebook runs inside the tests (a notebook with an ``N_BOOT`` parameter gets
 #: this one; the tests recompute at the same value, so the identity checks stay exact). ``make notebooks``

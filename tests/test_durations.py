@@ -9,7 +9,7 @@ import re
 import pytest
 
 from sdlib.paths import REPO_ROOT
-from tests.durations import TIERS, read_durations, tier_sums
+from tests.durations import TIERS, base_nodeid, read_durations, tier_sums
 
 
 def test_recorded_durations_fit_the_budgets():
@@ -36,8 +36,6 @@ def test_recorded_tests_exist():
 
 
 def test_base_nodeid_drops_only_the_xdist_group_suffix():
-    from tests.durations import base_nodeid
-
     assert base_nodeid("tests/test_a.py::test_x@tests/test_a.py") == "tests/test_a.py::test_x"
     assert base_nodeid("tests/test_a.py::test_x[1]@notebook_runs") == "tests/test_a.py::test_x[1]"
     assert base_nodeid("notebooks/01_a.ipynb::notebooks/01_a.ipynb@notebooks/01_a.ipynb") == \

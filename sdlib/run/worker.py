@@ -38,7 +38,7 @@ from sdlib.store.provenance import device_name, device_uuid
 from sdlib.vllm import compat as vc
 from sdlib.vllm import confidence_stop as cs
 from sdlib.vllm import replay as vr
-from sdlib.vllm.options import CPU_KV_ENV, cpu_kv_env_gib
+from sdlib.vllm.options import cpu_kv_knob
 
 log = logging.getLogger("sdlib.run.worker")
 
@@ -259,9 +259,8 @@ def kv_shortfall(cell, pool: list, capacity_tokens) -> str:
     need = cell.batch_size * sum(lens) / len(lens)
     if need <= capacity_tokens:
         return ""
-    knob = CPU_KV_ENV if cpu_kv_env_gib() is not None else "engine.gpu_memory_utilization"
     return (f"KV cache too small for the batch: {cell.batch_size} requests of {sum(lens) / len(lens):.0f} tokens "
-            f"on average need {need:.0f} tokens, the engine holds {capacity_tokens} (raise {knob} or lower the "
+            f"on average need {need:.0f} tokens, the engine holds {capacity_tokens} (raise {cpu_kv_knob()} or lower the "
             "batch size)")
 
 

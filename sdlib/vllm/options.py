@@ -265,10 +265,15 @@ def cpu_kv_env_gib() -> Optional[int]:
         return None
 
 
-def cpu_kv_setting(gpu_memory_utilization: float) -> str:
+def cpu_kv_knob() -> str:
     """What sizes the CPU build's KV cache, for a message: the variable where it is set, else the engine field."""
+    return CPU_KV_ENV if cpu_kv_env_gib() is not None else "engine.gpu_memory_utilization"
+
+
+def cpu_kv_setting(gpu_memory_utilization: float) -> str:
+    """:func:`cpu_kv_knob` with its value."""
     gib = cpu_kv_env_gib()
-    return f"{CPU_KV_ENV}={gib} (GiB)" if gib is not None else f"engine.gpu_memory_utilization: {gpu_memory_utilization}"
+    return f"{CPU_KV_ENV}={gib} (GiB)" if gib is not None else f"{cpu_kv_knob()}: {gpu_memory_utilization}"
 
 
 def cpu_kv_budget_bytes(gpu_memory_utilization: float) -> Optional[int]:
