@@ -292,3 +292,28 @@ def test_a_kv_cache_set_by_vllms_variable_is_the_one_checked_and_named(folder, n
     assert cli.main(["validate", str(p)]) != 0
     err = capsys.readouterr().err
     assert "VLLM_CPU_KVCACHE_SPACE=0 (GiB) gives the CPU build's KV cache at most 0 tokens" in err, err
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the KV cache is known before start-up only on the CPU build")
+def test_a_kv_cache_set_in_engine_extra_is_the_one_checked_and_named(folder, no_engine, capsys, monkeypatch):
+    """Without the variable, vLLM takes engine.extra.kv_cache_memory_bytes over engine.gpu_memory_utilization
+    (vllm/v1/worker/cpu_worker.py): the check uses it and the message names it; the variable, where set, wins."""
+    from sdlib.vllm.options import cpu_kv_budget_bytes
+
+    extra = {"kv_cache_memory_bytes": 3 * 2 ** 20}
+    assert cpu_kv_budget_bytes(0.9, extra) == 3 * 2 ** 20
+    assert cpu_kv_budget_bytes(0.9, {"kv_cache_memory_bytes": True}) == cpu_kv_budget_bytes(0.9)  # not a size
+    cfg = copy.deepcopy(BASE)
+    cfg["engine"]["gpu_memory_utilization"] = 1e-7  # would hold nothing; the engine argument is what counts
+    cfg["engine"]["extra"] = {"kv_cache_memory_bytes": 64 * 2 ** 20}
+    p = folder / "kv_extra.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["validate", str(p)]) == 0
+    cfg["engine"]["extra"] = {"kv_cache_memory_bytes": 2 ** 10}  # 1 KiB: not one token of the target
+    p.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["validate", str(p)]) != 0
+    err = capsys.readouterr().err
+    assert "engine.extra.kv_cache_memory_bytes: 1024 gives the CPU build's KV cache at most 0 tokens" in err, err
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # the variable overwrites the engine argument
+    assert cpu_kv_budget_bytes(1e-7, extra) == 2 * 2 ** 30
+    assert cli.main(["validate", str(p)]) == 0

@@ -239,6 +239,24 @@ def test_a_kv_cache_too_small_for_the_batch_fails_the_cell_before_it_runs():
     assert "KV cache too small for the batch: 16 requests of 128 tokens" in kv_shortfall(cell, pool, 1000)
 
 
+def test_the_kv_shortfall_names_what_sized_the_cache(monkeypatch):
+    """The knob to raise, in vLLM's order: the CPU build's variable, else the config's kv_cache_memory_bytes, else
+    gpu_memory_utilization."""
+    from types import SimpleNamespace
+
+    from sdlib.run.worker import kv_shortfall
+
+    pool = [SimpleNamespace(prompt_token_ids=[1] * 61, max_output_tokens=None)]
+    cell = SimpleNamespace(batch_size=16, method=SimpleNamespace(k=3), workload=SimpleNamespace(max_output_tokens=64),
+                           engine=SimpleNamespace(extra={"kv_cache_memory_bytes": 2 ** 20}))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert "(raise engine.extra.kv_cache_memory_bytes or" in kv_shortfall(cell, pool, 1000)
+    cell.engine.extra = {}
+    assert "(raise engine.gpu_memory_utilization or" in kv_shortfall(cell, pool, 1000)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert "(raise VLLM_CPU_KVCACHE_SPACE or" in kv_shortfall(cell, pool, 1000)
+
+
 # item 5: provenance counts rows without a prompt -----------------------------------------------------------------
 def test_skipped_empty_rows_are_counted(tmp_path):
     from types import SimpleNamespace

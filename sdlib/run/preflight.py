@@ -256,7 +256,7 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
             raise ConfigError(f"workloads.{j}.num_requests: {c.num_requests} request(s) cannot keep batch size "
                               f"{c.batch_size} in flight (closed_loop); measure at least {c.batch_size} (or set "
                               "requests_per_slot)")
-    budget = cpu_kv_budget_bytes(e.gpu_memory_utilization)
+    budget = cpu_kv_budget_bytes(e.gpu_memory_utilization, e.extra)
     for i, method, B in _longest_batch(sweep):
         if e.max_num_seqs is not None and e.max_num_seqs < B:
             raise ConfigError(f"engine.max_num_seqs: {e.max_num_seqs} is below batch size {B} "
@@ -275,7 +275,7 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
             capacity = budget // per_token
             if B * shortest > capacity:
                 raise ConfigError(
-                    f"{cpu_kv_setting(e.gpu_memory_utilization)} gives the CPU build's KV cache at "
+                    f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} gives the CPU build's KV cache at "
                     f"most {capacity} tokens ({per_token} bytes each for models.{i}), fewer than the {B * shortest} "
                     f"that {B} requests of {shortest}+ tokens need ({method.label}); raise it or lower the batch size")
 

@@ -259,8 +259,10 @@ def kv_shortfall(cell, pool: list, capacity_tokens) -> str:
     need = cell.batch_size * sum(lens) / len(lens)
     if need <= capacity_tokens:
         return ""
+    engine = getattr(cell, "engine", None)
+    knob = cpu_kv_knob(engine.extra if engine is not None else None)
     return (f"KV cache too small for the batch: {cell.batch_size} requests of {sum(lens) / len(lens):.0f} tokens "
-            f"on average need {need:.0f} tokens, the engine holds {capacity_tokens} (raise {cpu_kv_knob()} or lower the "
+            f"on average need {need:.0f} tokens, the engine holds {capacity_tokens} (raise {knob} or lower the "
             "batch size)")
 
 

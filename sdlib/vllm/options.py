@@ -265,26 +265,47 @@ def cpu_kv_env_gib() -> Optional[int]:
         return None
 
 
-def cpu_kv_knob() -> str:
-    """What sizes the CPU build's KV cache, for a message: the variable where it is set, else the engine field."""
-    return CPU_KV_ENV if cpu_kv_env_gib() is not None else "engine.gpu_memory_utilization"
+#: The engine argument that sets the KV cache in bytes (vLLM >= 0.11), over ``gpu_memory_utilization``.
+KV_BYTES_ARG = "kv_cache_memory_bytes"
 
 
-def cpu_kv_setting(gpu_memory_utilization: float) -> str:
+def kv_bytes_arg(extra: Optional[dict[str, Any]] = None) -> Optional[int]:
+    """``engine.extra.kv_cache_memory_bytes`` where the config sets it to a whole number of bytes, else None."""
+    v = (extra or {}).get(KV_BYTES_ARG)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def cpu_kv_knob(extra: Optional[dict[str, Any]] = None) -> str:
+    """What sizes the CPU build's KV cache, for a message, in vLLM's order: the variable where it is set, else
+    ``engine.extra.kv_cache_memory_bytes`` where the config sets it, else ``engine.gpu_memory_utilization``."""
+    if cpu_kv_env_gib() is not None:
+        return CPU_KV_ENV
+    return f"engine.extra.{KV_BYTES_ARG}" if kv_bytes_arg(extra) is not None else "engine.gpu_memory_utilization"
+
+
+def cpu_kv_setting(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> str:
     """:func:`cpu_kv_knob` with its value."""
     gib = cpu_kv_env_gib()
-    return f"{CPU_KV_ENV}={gib} (GiB)" if gib is not None else f"{cpu_kv_knob()}: {gpu_memory_utilization}"
+    if gib is not None:
+        return f"{CPU_KV_ENV}={gib} (GiB)"
+    nbytes = kv_bytes_arg(extra)
+    return f"{cpu_kv_knob(extra)}: {nbytes if nbytes is not None else gpu_memory_utilization}"
 
 
-def cpu_kv_budget_bytes(gpu_memory_utilization: float) -> Optional[int]:
-    """At most this many bytes of KV cache on the CPU build: ``VLLM_CPU_KVCACHE_SPACE`` GiB where it is set (vLLM
-    then takes exactly that), else ``gpu_memory_utilization`` x the node's memory, less what the engine process
-    itself uses (FACTS.md); None when not the CPU build."""
+def cpu_kv_budget_bytes(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> Optional[int]:
+    """At most this many bytes of KV cache on the CPU build, in vLLM's order (vllm/platforms/cpu.py,
+    vllm/v1/worker/cpu_worker.py): ``VLLM_CPU_KVCACHE_SPACE`` GiB where it is set (it overwrites the engine
+    argument), else ``engine.extra.kv_cache_memory_bytes`` where set (vLLM takes exactly either), else
+    ``gpu_memory_utilization`` x the node's memory, less what the engine process itself uses (FACTS.md); None
+    when not the CPU build."""
     if not is_cpu_build():
         return None
     gib = cpu_kv_env_gib()
     if gib is not None:
         return gib * 2 ** 30
+    nbytes = kv_bytes_arg(extra)
+    if nbytes is not None:
+        return nbytes
     mem = node_memory_bytes()
     return None if mem is None else int(mem * gpu_memory_utilization)
 
