@@ -302,7 +302,8 @@ def test_a_kv_cache_set_in_engine_extra_is_the_one_checked_and_named(folder, no_
 
     extra = {"kv_cache_memory_bytes": 3 * 2 ** 20}
     assert cpu_kv_budget_bytes(0.9, extra) == 3 * 2 ** 20
-    assert cpu_kv_budget_bytes(0.9, {"kv_cache_memory_bytes": True}) == cpu_kv_budget_bytes(0.9)  # not a size
+    # the block count set instead: no byte budget before start-up (the worker checks the engine's own capacity)
+    assert cpu_kv_budget_bytes(0.9, {**extra, "num_gpu_blocks_override": 4}) is None
     cfg = copy.deepcopy(BASE)
     cfg["engine"]["gpu_memory_utilization"] = 1e-7  # would hold nothing; the engine argument is what counts
     cfg["engine"]["extra"] = {"kv_cache_memory_bytes": 64 * 2 ** 20}
@@ -316,4 +317,18 @@ def test_a_kv_cache_set_in_engine_extra_is_the_one_checked_and_named(folder, no_
     assert "engine.extra.kv_cache_memory_bytes: 1024 gives the CPU build's KV cache at most 0 tokens" in err, err
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # the variable overwrites the engine argument
     assert cpu_kv_budget_bytes(1e-7, extra) == 2 * 2 ** 30
+    assert cli.main(["validate", str(p)]) == 0
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="vLLM reads VLLM_CPU_KVCACHE_SPACE only on the CPU build")
+@pytest.mark.parametrize("value", [" ", "1.5", "abc"])
+def test_a_kv_variable_vllm_cannot_read_fails_in_one_line(folder, no_engine, capsys, monkeypatch, value):
+    """vLLM's CPU build calls int() on any value that is not empty, so these would fail its start-up."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+    p = folder / "kv_bad_env.yaml"
+    p.write_text(yaml.safe_dump(BASE))
+    assert cli.main(["validate", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"VLLM_CPU_KVCACHE_SPACE={value!r} is not a whole number of GiB" in err, err
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "")  # empty is unset, for vLLM as here
     assert cli.main(["validate", str(p)]) == 0

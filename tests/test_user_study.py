@@ -18,6 +18,7 @@ from sdlib import cli
 from sdlib.paths import CONFIGS_DIR, REPO_ROOT, SWEEPS_DIR, results_base
 from sdlib.run.supervise import Outcome
 from sdlib.store import SweepStore, empty_table
+from sdlib.vllm.options import is_cpu_build
 
 
 class FakeEngine:
@@ -239,9 +240,10 @@ def test_a_kv_cache_too_small_for_the_batch_fails_the_cell_before_it_runs():
     assert "KV cache too small for the batch: 16 requests of 128 tokens" in kv_shortfall(cell, pool, 1000)
 
 
+@pytest.mark.skipif(not is_cpu_build(), reason="vLLM reads VLLM_CPU_KVCACHE_SPACE only on the CPU build")
 def test_the_kv_shortfall_names_what_sized_the_cache(monkeypatch):
-    """The knob to raise, in vLLM's order: the CPU build's variable, else the config's kv_cache_memory_bytes, else
-    gpu_memory_utilization."""
+    """The knob to raise, in vLLM's order on the CPU build: a block count set in the config, else the variable,
+    else the config's kv_cache_memory_bytes, else gpu_memory_utilization."""
     from types import SimpleNamespace
 
     from sdlib.run.worker import kv_shortfall
@@ -255,6 +257,8 @@ def test_the_kv_shortfall_names_what_sized_the_cache(monkeypatch):
     assert "(raise engine.gpu_memory_utilization or" in kv_shortfall(cell, pool, 1000)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     assert "(raise VLLM_CPU_KVCACHE_SPACE or" in kv_shortfall(cell, pool, 1000)
+    cell.engine.extra = {"num_gpu_blocks_override": 8}  # replaces the block count, whatever sized the cache
+    assert "(raise engine.extra.num_gpu_blocks_override or" in kv_shortfall(cell, pool, 1000)
 
 
 # item 5: provenance counts rows without a prompt -----------------------------------------------------------------

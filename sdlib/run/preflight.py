@@ -23,7 +23,8 @@ from sdlib.config import ConfigError, SweepConfig, hub_revision
 from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
-from sdlib.vllm.options import check_options, cpu_kv_budget_bytes, cpu_kv_setting, engine_fields, kv_bytes_per_token, speculative_fields
+from sdlib.vllm.options import (check_options, cpu_kv_budget_bytes, cpu_kv_env_error, cpu_kv_setting, engine_fields,
+                                 is_cpu_build, kv_bytes_per_token, speculative_fields)
 from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_DATASETS, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
@@ -256,6 +257,8 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
             raise ConfigError(f"workloads.{j}.num_requests: {c.num_requests} request(s) cannot keep batch size "
                               f"{c.batch_size} in flight (closed_loop); measure at least {c.batch_size} (or set "
                               "requests_per_slot)")
+    if is_cpu_build() and cpu_kv_env_error():
+        raise ConfigError(cpu_kv_env_error())
     budget = cpu_kv_budget_bytes(e.gpu_memory_utilization, e.extra)
     for i, method, B in _longest_batch(sweep):
         if e.max_num_seqs is not None and e.max_num_seqs < B:

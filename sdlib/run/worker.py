@@ -38,7 +38,7 @@ from sdlib.store.provenance import device_name, device_uuid
 from sdlib.vllm import compat as vc
 from sdlib.vllm import confidence_stop as cs
 from sdlib.vllm import replay as vr
-from sdlib.vllm.options import cpu_kv_knob
+from sdlib.vllm.options import kv_knob
 
 log = logging.getLogger("sdlib.run.worker")
 
@@ -260,7 +260,7 @@ def kv_shortfall(cell, pool: list, capacity_tokens) -> str:
     if need <= capacity_tokens:
         return ""
     engine = getattr(cell, "engine", None)
-    knob = cpu_kv_knob(engine.extra if engine is not None else None)
+    knob = kv_knob(engine.extra if engine is not None else None)
     return (f"KV cache too small for the batch: {cell.batch_size} requests of {sum(lens) / len(lens):.0f} tokens "
             f"on average need {need:.0f} tokens, the engine holds {capacity_tokens} (raise {knob} or lower the "
             "batch size)")

@@ -256,49 +256,77 @@ CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def cpu_kv_env_gib() -> Optional[int]:
-    """The KV cache in GiB that ``VLLM_CPU_KVCACHE_SPACE`` sets, as the CPU build reads it (set and not empty), or
-    None; a value that is not an integer is None here (vLLM itself then fails at start-up)."""
-    raw = os.environ.get(CPU_KV_ENV, "").strip()
+    """The KV cache in GiB that ``VLLM_CPU_KVCACHE_SPACE`` sets, as the CPU build reads it (``int()`` of the value
+    where set and not empty), or None; a value ``int()`` refuses is None here (:func:`cpu_kv_env_error` says why:
+    vLLM itself would fail at start-up)."""
+    raw = os.environ.get(CPU_KV_ENV, "")
     try:
-        return int(raw) if raw else None
+        return int(raw) if raw != "" else None
     except ValueError:
         return None
 
 
+def cpu_kv_env_error() -> str:
+    """One line when ``VLLM_CPU_KVCACHE_SPACE`` is set to something the CPU build cannot read (it calls ``int()`` on
+    any value that is not empty, and a start-up would fail), else ''."""
+    raw = os.environ.get(CPU_KV_ENV, "")
+    if raw == "" or cpu_kv_env_gib() is not None:
+        return ""
+    return f"{CPU_KV_ENV}={raw!r} is not a whole number of GiB (vLLM's CPU build reads it with int() and would fail at " \
+           "start-up); set it to one, or unset it"
+
+
 #: The engine argument that sets the KV cache in bytes (vLLM >= 0.11), over ``gpu_memory_utilization``.
 KV_BYTES_ARG = "kv_cache_memory_bytes"
+#: The engine argument that replaces the KV cache's block count, whatever sized the cache (vllm/v1/core/kv_cache_utils.py).
+KV_BLOCKS_ARG = "num_gpu_blocks_override"
 
 
-def kv_bytes_arg(extra: Optional[dict[str, Any]] = None) -> Optional[int]:
-    """``engine.extra.kv_cache_memory_bytes`` where the config sets it to a whole number of bytes, else None."""
-    v = (extra or {}).get(KV_BYTES_ARG)
+def _extra_int(extra: Optional[dict[str, Any]], key: str) -> Optional[int]:
+    v = (extra or {}).get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def cpu_kv_knob(extra: Optional[dict[str, Any]] = None) -> str:
-    """What sizes the CPU build's KV cache, for a message, in vLLM's order: the variable where it is set, else
-    ``engine.extra.kv_cache_memory_bytes`` where the config sets it, else ``engine.gpu_memory_utilization``."""
-    if cpu_kv_env_gib() is not None:
+def kv_bytes_arg(extra: Optional[dict[str, Any]] = None) -> Optional[int]:
+    """``engine.extra.kv_cache_memory_bytes`` where the config sets it to a whole number of bytes, else None (sdlib's
+    preflight refuses any other type for it)."""
+    return _extra_int(extra, KV_BYTES_ARG)
+
+
+def kv_knob(extra: Optional[dict[str, Any]] = None) -> str:
+    """What sizes the engine's KV cache, for a message, in vLLM's order: ``engine.extra.num_gpu_blocks_override``
+    where set (it replaces the block count, whatever sized the cache); on the CPU build ``VLLM_CPU_KVCACHE_SPACE``
+    where set (it overwrites the engine argument); ``engine.extra.kv_cache_memory_bytes`` where set (on a GPU where
+    it is not 0: the GPU worker takes 0 as unset); else ``engine.gpu_memory_utilization``."""
+    if _extra_int(extra, KV_BLOCKS_ARG) is not None:
+        return f"engine.extra.{KV_BLOCKS_ARG}"
+    cpu = is_cpu_build()
+    if cpu and cpu_kv_env_gib() is not None:
         return CPU_KV_ENV
-    return f"engine.extra.{KV_BYTES_ARG}" if kv_bytes_arg(extra) is not None else "engine.gpu_memory_utilization"
+    nbytes = kv_bytes_arg(extra)
+    if nbytes is not None and (cpu or nbytes):
+        return f"engine.extra.{KV_BYTES_ARG}"
+    return "engine.gpu_memory_utilization"
 
 
 def cpu_kv_setting(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> str:
-    """:func:`cpu_kv_knob` with its value."""
-    gib = cpu_kv_env_gib()
-    if gib is not None:
-        return f"{CPU_KV_ENV}={gib} (GiB)"
-    nbytes = kv_bytes_arg(extra)
-    return f"{cpu_kv_knob(extra)}: {nbytes if nbytes is not None else gpu_memory_utilization}"
+    """:func:`kv_knob` on the CPU build, with its value."""
+    knob = kv_knob(extra)
+    if knob == CPU_KV_ENV:
+        return f"{CPU_KV_ENV}={cpu_kv_env_gib()} (GiB)"
+    if knob.endswith(KV_BLOCKS_ARG):
+        return f"{knob}: {_extra_int(extra, KV_BLOCKS_ARG)}"
+    return f"{knob}: {kv_bytes_arg(extra) if knob.endswith(KV_BYTES_ARG) else gpu_memory_utilization}"
 
 
 def cpu_kv_budget_bytes(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> Optional[int]:
     """At most this many bytes of KV cache on the CPU build, in vLLM's order (vllm/platforms/cpu.py,
     vllm/v1/worker/cpu_worker.py): ``VLLM_CPU_KVCACHE_SPACE`` GiB where it is set (it overwrites the engine
     argument), else ``engine.extra.kv_cache_memory_bytes`` where set (vLLM takes exactly either), else
-    ``gpu_memory_utilization`` x the node's memory, less what the engine process itself uses (FACTS.md); None
-    when not the CPU build."""
-    if not is_cpu_build():
+    ``gpu_memory_utilization`` x the node's memory (vLLM takes that less what the engine process itself uses,
+    FACTS.md). None when not the CPU build, or where ``engine.extra.num_gpu_blocks_override`` sets the block count
+    instead (the engine's own capacity is then checked before each cell, ``sdlib.run.worker.kv_shortfall``)."""
+    if not is_cpu_build() or _extra_int(extra, KV_BLOCKS_ARG) is not None:
         return None
     gib = cpu_kv_env_gib()
     if gib is not None:
