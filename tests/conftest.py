@@ -29,11 +29,13 @@ from tests import durations
 
 #: The CPU build's KV cache for the tests' engines, in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; a test or the caller
 #: may set another). Unset, vLLM sizes it from ``gpu_memory_utilization`` x the node's memory (1.66 GiB at 0.1 on
-#: the 23.5 GiB development machine, about 4 GiB at the 0.2 some tests use, more on a larger machine) and fills it
-#: at every engine start, about 10 s a GiB on 2 cores. 1 GiB holds about 280,000 tokens of the bf16 target (233,000
-#: beside the draft model; half that in float32), where a test needs a few thousand; it took two engine test files
-#: from 114 s to 88 s (2026-12-07). Set here, before any test starts an engine process, which inherits it; sdlib's
-#: preflight reads the same variable (sdlib.vllm.options.cpu_kv_budget_bytes).
+#: the 23.5 GiB development machine, about 4 GiB at the 0.2 some tests use, more on a larger machine), after a
+#: warm-up forward pass that an explicit size skips (vllm/v1/worker/cpu_worker.py). 1 GiB holds about 280,000 tokens
+#: of the bf16 target (233,000 beside the draft model; half that in float32), where a test needs a few thousand; it
+#: took two engine test files from 114 s to 88 s (2026-12-07). A smaller explicit size gained nothing more: with
+#: 64 MiB (``engine.extra.kv_cache_memory_bytes``, the variable unset) test_engine's engines started in 18.5-20.7 s,
+#: against 17.9-20.7 s at 1 GiB, two runs each (2026-12-07). Set here, before any test starts an engine process,
+#: which inherits it; sdlib's preflight reads the same variable (sdlib.vllm.options.cpu_kv_budget_bytes).
 TEST_CPU_KVCACHE_GIB = "1"
 os.environ.setdefault(CPU_KV_ENV, TEST_CPU_KVCACHE_GIB)
 
