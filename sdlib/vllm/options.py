@@ -293,47 +293,54 @@ def kv_bytes_arg(extra: Optional[dict[str, Any]] = None) -> Optional[int]:
     return _extra_int(extra, KV_BYTES_ARG)
 
 
-def kv_knob(extra: Optional[dict[str, Any]] = None) -> str:
-    """What sizes the engine's KV cache, for a message, in vLLM's order: ``engine.extra.num_gpu_blocks_override``
-    where set (it replaces the block count, whatever sized the cache); on the CPU build ``VLLM_CPU_KVCACHE_SPACE``
-    where set (it overwrites the engine argument); ``engine.extra.kv_cache_memory_bytes`` where set (on a GPU where
-    it is not 0: the GPU worker takes 0 as unset); else ``engine.gpu_memory_utilization``."""
-    if _extra_int(extra, KV_BLOCKS_ARG) is not None:
-        return f"engine.extra.{KV_BLOCKS_ARG}"
+def _kv_source(extra: Optional[dict[str, Any]] = None) -> tuple[str, Optional[int]]:
+    """What sizes the engine's KV cache, in vLLM's order, and its value from ``extra`` or the variable (None for
+    ``gpu_memory_utilization``): ``engine.extra.num_gpu_blocks_override`` where set (it replaces the block count,
+    whatever sized the cache); on the CPU build ``VLLM_CPU_KVCACHE_SPACE`` where set (it overwrites the engine
+    argument); ``engine.extra.kv_cache_memory_bytes`` where set (on a GPU where it is not 0: the GPU worker takes 0
+    as unset); else ``engine.gpu_memory_utilization``."""
+    blocks = _extra_int(extra, KV_BLOCKS_ARG)
+    if blocks is not None:
+        return f"engine.extra.{KV_BLOCKS_ARG}", blocks
     cpu = is_cpu_build()
-    if cpu and cpu_kv_env_gib() is not None:
-        return CPU_KV_ENV
+    gib = cpu_kv_env_gib() if cpu else None
+    if gib is not None:
+        return CPU_KV_ENV, gib
     nbytes = kv_bytes_arg(extra)
     if nbytes is not None and (cpu or nbytes):
-        return f"engine.extra.{KV_BYTES_ARG}"
-    return "engine.gpu_memory_utilization"
+        return f"engine.extra.{KV_BYTES_ARG}", nbytes
+    return "engine.gpu_memory_utilization", None
+
+
+def kv_knob(extra: Optional[dict[str, Any]] = None) -> str:
+    """What sizes the engine's KV cache, for a message (:func:`_kv_source`)."""
+    return _kv_source(extra)[0]
 
 
 def cpu_kv_setting(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> str:
     """:func:`kv_knob` on the CPU build, with its value."""
-    knob = kv_knob(extra)
+    knob, value = _kv_source(extra)
     if knob == CPU_KV_ENV:
-        return f"{CPU_KV_ENV}={cpu_kv_env_gib()} (GiB)"
-    if knob.endswith(KV_BLOCKS_ARG):
-        return f"{knob}: {_extra_int(extra, KV_BLOCKS_ARG)}"
-    return f"{knob}: {kv_bytes_arg(extra) if knob.endswith(KV_BYTES_ARG) else gpu_memory_utilization}"
+        return f"{CPU_KV_ENV}={value} (GiB)"
+    return f"{knob}: {value if value is not None else gpu_memory_utilization}"
 
 
 def cpu_kv_budget_bytes(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> Optional[int]:
-    """At most this many bytes of KV cache on the CPU build, in vLLM's order (vllm/platforms/cpu.py,
-    vllm/v1/worker/cpu_worker.py): ``VLLM_CPU_KVCACHE_SPACE`` GiB where it is set (it overwrites the engine
-    argument), else ``engine.extra.kv_cache_memory_bytes`` where set (vLLM takes exactly either), else
-    ``gpu_memory_utilization`` x the node's memory (vLLM takes that less what the engine process itself uses,
-    FACTS.md). None when not the CPU build, or where ``engine.extra.num_gpu_blocks_override`` sets the block count
-    instead (the engine's own capacity is then checked before each cell, ``sdlib.run.worker.kv_shortfall``)."""
-    if not is_cpu_build() or _extra_int(extra, KV_BLOCKS_ARG) is not None:
+    """At most this many bytes of KV cache on the CPU build, in vLLM's order (:func:`_kv_source`;
+    vllm/platforms/cpu.py, vllm/v1/worker/cpu_worker.py): ``VLLM_CPU_KVCACHE_SPACE`` GiB, or
+    ``engine.extra.kv_cache_memory_bytes`` (vLLM takes exactly either), else ``gpu_memory_utilization`` x the
+    node's memory (vLLM takes that less what the engine process itself uses, FACTS.md). None when not the CPU
+    build, or where ``engine.extra.num_gpu_blocks_override`` sets the block count instead (the engine's own
+    capacity is then checked before each cell, ``sdlib.run.worker.kv_shortfall``)."""
+    if not is_cpu_build():
         return None
-    gib = cpu_kv_env_gib()
-    if gib is not None:
-        return gib * 2 ** 30
-    nbytes = kv_bytes_arg(extra)
-    if nbytes is not None:
-        return nbytes
+    knob, value = _kv_source(extra)
+    if knob == CPU_KV_ENV:
+        return value * 2 ** 30
+    if knob.endswith(KV_BLOCKS_ARG):
+        return None
+    if value is not None:
+        return value
     mem = node_memory_bytes()
     return None if mem is None else int(mem * gpu_memory_utilization)
 
