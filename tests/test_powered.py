@@ -368,7 +368,8 @@ def test_the_h100_headline_instructcoder_bs1_verdicts_are_the_ones_the_readme_st
     finest = all_aa.loc[all_aa["mde"].idxmin()]
     assert (finest["dataset"], finest["batch_size"]) == ("instructcoder", 1)
     # simulated against measured: the linear predictors over-predict the fixed cell here; for Combine the ragged
-    # ones lie inside the measured interval and the padded ones below it; the engine refit lies below both arms'
+    # ones lie inside the measured interval and the padded ones below it; the engine refit (fitted to every step of
+    # the sweep, GSM8K bs 1's 38 cells included) lies inside both arms' intervals
     sim = _h100_headline_table("sim_vs_measured", "instructcoder").query("batch_size == 1")
     lin = sim[~sim["predictor"].str.startswith("engine refit")]
     assert len(lin) == 8 and (lin["fixed_overprediction"] > 0.1).all()
@@ -378,7 +379,7 @@ def test_the_h100_headline_instructcoder_bs1_verdicts_are_the_ones_the_readme_st
     assert ragged["simulated"].between(ragged["ratio_lo"], ragged["ratio_hi"]).all()
     assert (padded["simulated"] < padded["ratio_lo"]).all()
     refit = sim[sim["predictor"].str.startswith("engine refit")]
-    assert len(refit) == 2 and (refit["simulated"] < refit["ratio_lo"]).all()
+    assert len(refit) == 2 and refit["simulated"].between(refit["ratio_lo"], refit["ratio_hi"]).all()
 
 
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():
