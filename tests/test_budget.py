@@ -112,6 +112,42 @@ def test_engine_start_fallbacks():
                                                                           "default")
 
 
+def test_scale_is_matched_by_batch_size_then_pooled():
+    """The device scale is the median ratio of committed cells of the same method, batch mode and batch size;
+    a batch size never measured takes the method's cells of that mode, a method never measured the no-SD cells
+    (by batch size first too). On the H100 the committed bs 1 cells' ratio lay far below the bs 32 and 128
+    ones', so a pooled median over-priced bs 1."""
+    rows = [("eagle3", "closed_loop", 1, r) for r in (0.5, 0.6, 0.7)] + \
+           [("eagle3", "closed_loop", 4, r) for r in (1.4, 1.5)] + \
+           [("none", "closed_loop", 1, 0.9), ("none", "closed_loop", 4, 2.0), ("none", "closed_loop", 4, 2.2)] + \
+           [("eagle3", "paper", 4, 3.0)]
+    ratios = pd.DataFrame([{"model": "m|tp1", "device": DEV, "method": m, "batch_mode": mode, "batch_size": bs,
+                            "ratio": r, "sweep": "a"} for m, mode, bs, r in rows], columns=budget.RATIO_COLUMNS)
+    cal = budget.Calibration(starts=calibration().starts, process_overhead_s=10.0, cell_overhead_s=1.0,
+                             ratios=ratios, source="hand")
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 1) == (0.6, "eagle3/closed_loop/1 (3 cells)")
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 4) == (1.45, "eagle3/closed_loop/4 (2 cells)")
+    # bs 8 never measured: every eagle3 closed-loop cell; paper mode at bs 1: eagle3's paper cells of any bs
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 8) == (0.7, "eagle3/closed_loop/* (5 cells)")
+    assert cal.scale("m|tp1", "eagle3", "paper", DEV, 1) == (3.0, "eagle3/paper/* (1 cells)")
+    # no batch size given: the method and mode pooled, as before batch sizes were recorded
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV)[0] == 0.7
+    # ngram never measured: the no-SD cells, by batch size first
+    assert cal.scale("m|tp1", "ngram", "closed_loop", DEV, 4) == (2.1, "none/closed_loop/4 (2 cells)")
+    assert cal.scale("m|tp1", "ngram", "closed_loop", DEV, 8) == (2.0, "none/closed_loop/* (3 cells)")
+    assert cal.scale("other|tp1", "eagle3", "closed_loop", DEV, 1) == (1.0, "none")
+    # the planner prices each cell with its own batch size's scale
+    p = budget.Planner(ECM, cal, DEV)
+    d = sweep_dict(batch_mode="closed_loop", batch_sizes=[1, 4])
+    est = p.estimate(parse_sweep(d))
+    c = est.cells.set_index(["method", "dataset", "batch_size"])["window_s"]
+    bare = budget.Planner(ECM, calibration(), DEV).estimate(parse_sweep(d)).cells.set_index(
+        ["method", "dataset", "batch_size"])["window_s"]
+    assert c[("eagle3", "gsm8k", 1)] == pytest.approx(0.6 * bare[("eagle3", "gsm8k", 1)])
+    assert c[("eagle3", "gsm8k", 4)] == pytest.approx(1.45 * bare[("eagle3", "gsm8k", 4)])
+    assert c[("none", "gsm8k", 1)] == pytest.approx(0.9 * bare[("none", "gsm8k", 1)])
+
+
 def test_budget_takes_whole_blocks_in_priority_order():
     sw = parse_sweep(sweep_dict())
     p = planner()

@@ -21,8 +21,12 @@ A cell's estimate (seconds) comes from the engine cost model (:mod:`sdlib.sim.en
 * ``path`` and ``K``: the method's engine path (:attr:`sdlib.core.registry.MethodSpec.path`; SD methods without
   a fitted path, e.g. a draft model, are priced on the ``padded`` path, which leaves out the draft model's own
   forward passes) and its ``num_spec_tokens`` (``K = 0`` without SD);
-* ``s_m``: the model's scale, the median of measured / modelled seconds over the committed no-SD cells of the
-  same shape, tensor-parallel size and device (1 where there are none: priced as the cost model's shape).
+* ``s_m``: the scale of the model on the device, the median of measured / modelled seconds over the committed
+  cells of the same shape, tensor-parallel size and device, and of the same method, batch mode and batch size;
+  where none match, the batch size is dropped, then the batch mode, then the method is taken as no SD
+  (:meth:`Calibration.scale`); 1 where the shape was never measured there (priced as the cost model's shape).
+  The batch size is kept because the cost model's error on another device is not one factor: on the H100 the
+  committed cells' ratio is lower at bs 1 than at bs 32 and 128, so a pooled median over-priced bs 1.
 
 The warm-up (``warmup_requests`` requests run before a cell) is priced by the same formula, closed loop, at
 ``b = min(B, warmup_requests)`` (with a config's ``warmup_tokens``: a full batch of ``max(warmup_requests, B)``
@@ -96,7 +100,7 @@ DEFAULT_DEVICE = "NVIDIA H200"
 START_CLASSES = ("first", "new_kind", "again")
 _ALL = 100_000  # "every prompt" of a trace workload (the largest num_requests a config may ask)
 START_COLUMNS = ["device", "vllm_version", "model", "method", "start_class", "engine_start_s", "sweep"]
-RATIO_COLUMNS = ["model", "device", "method", "batch_mode", "ratio", "sweep"]
+RATIO_COLUMNS = ["model", "device", "method", "batch_mode", "batch_size", "ratio", "sweep"]
 
 
 def load_cost_model(name_or_path=None):
@@ -126,7 +130,7 @@ class Calibration:
 
     ``starts``: one row per recorded engine start (device, vllm_version, model (:func:`model_key`), method
     (registry name), start_class, engine_start_s, sweep). ``ratios``: one row per measured cell (model, device,
-    method, batch_mode, ratio = measured wall / modelled window seconds, sweep).
+    method, batch_mode, batch_size, ratio = measured wall / modelled window seconds, sweep).
     """
 
     starts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=START_COLUMNS))
@@ -156,19 +160,27 @@ class Calibration:
                 return float(sel["engine_start_s"].median()), f"{tag} ({len(sel)} starts)"
         return DEFAULT_ENGINE_START_S[start_class], "default"
 
-    def scale(self, model_key_: str, method: str, batch_mode: str, device: str = DEFAULT_DEVICE) -> tuple[float, str]:
-        """``s_m`` for cells of a model shape (:func:`model_key`), method and batch mode on ``device``: the median
-        measured / modelled seconds of committed cells alike, dropping the batch mode, then taking the shape's
-        no-SD cells, where none match; 1 (``none``) where the shape was never measured there."""
-        key = (model_key_, method, batch_mode, device)
+    def scale(self, model_key_: str, method: str, batch_mode: str, device: str = DEFAULT_DEVICE,
+              batch_size: Optional[int] = None) -> tuple[float, str]:
+        """``s_m`` for cells of a model shape (:func:`model_key`), method, batch mode and batch size on ``device``:
+        the median measured / modelled seconds of committed cells alike; where none match, dropping the batch
+        size, then the batch mode, then taking the shape's no-SD cells in the same order; 1 (``none``) where the
+        shape was never measured there. What matched: ``method/mode/bs (n cells)``, ``*`` for a dropped field."""
+        key = (model_key_, method, batch_mode, device, batch_size)
         if key not in self._scale_cache:
             r = self.ratios
             r = r[(r["model"] == model_key_) & (r["device"] == device)] if len(r) else r
             out = (1.0, "none")
-            for meth, mode in ((method, batch_mode), (method, None), ("none", batch_mode), ("none", None)):
-                sel = r[(r["method"] == meth) & ((r["batch_mode"] == mode) if mode else True)] if len(r) else r
+            tries = [(meth, mode, bs) for meth in (method, "none")
+                     for mode, bs in ((batch_mode, batch_size), (batch_mode, None), (None, None))]
+            for meth, mode, bs in tries:
+                if not len(r):
+                    break
+                sel = r[(r["method"] == meth) & ((r["batch_mode"] == mode) if mode else True)
+                        & ((r["batch_size"] == bs) if (bs is not None and "batch_size" in r) else True)]
                 if len(sel):
-                    out = (float(sel["ratio"].median()), f"{meth}/{mode or '*'} ({len(sel)} cells)")
+                    out = (float(sel["ratio"].median()),
+                           f"{meth}/{mode or '*'}/{'*' if bs is None else bs} ({len(sel)} cells)")
                     break
             self._scale_cache[key] = out
         return self._scale_cache[key]
@@ -363,7 +375,8 @@ class Planner:
         if key not in self._memo:
             self._memo[key] = self._price(c, paper, n)
         r = dict(self._memo[key])
-        s = self.cal.scale(model_key(c.model), m.name, c.batch_mode, self.device)[0] if scale is None else scale
+        s = self.cal.scale(model_key(c.model), m.name, c.batch_mode, self.device, c.batch_size)[0] \
+            if scale is None else scale
         r["warmup_s"] *= s
         r["window_s"] *= s
         return r
@@ -570,12 +583,13 @@ def calibration_from(invs: list[Invocation], exclude: Sequence[str] = ()) -> Cal
                             "engine_start_s": float(e["engine_start_s"]), "sweep": v.sweep}
                            for v in invs for e in v.engines if e["engine_start_s"] is not None and e["device"]],
                           columns=Calibration().starts.columns)
-    ratios = pd.DataFrame([{"model": mk, "device": v.device, "method": meth, "batch_mode": mode, "ratio": wall / w,
-                            "sweep": v.sweep}
+    ratios = pd.DataFrame([{"model": mk, "device": v.device, "method": meth, "batch_mode": mode, "batch_size": int(bs),
+                            "ratio": wall / w, "sweep": v.sweep}
                            for v in invs if len(v.cells)
-                           for mk, meth, mode, w, wall in zip(v.cells["model_key"], v.cells["method"],
-                                                              v.cells["batch_mode"], v.cells["window_s"],
-                                                              v.cells["wall_s"]) if w > 0], columns=RATIO_COLUMNS)
+                           for mk, meth, mode, bs, w, wall in zip(v.cells["model_key"], v.cells["method"],
+                                                                  v.cells["batch_mode"], v.cells["batch_size"],
+                                                                  v.cells["window_s"], v.cells["wall_s"]) if w > 0],
+                          columns=RATIO_COLUMNS)
     cal = Calibration(starts=starts, ratios=ratios)
     # the wall time left after measured starts, measured cells and modelled warm-ups: per engine and per cell
     X, y = [], []
@@ -601,8 +615,9 @@ def calibration_from(invs: list[Invocation], exclude: Sequence[str] = ()) -> Cal
 
 
 def _scales(cal: Calibration, cells: pd.DataFrame, device: str) -> np.ndarray:
-    return np.array([cal.scale(mk, meth, mode, device)[0]
-                     for mk, meth, mode in zip(cells["model_key"], cells["method"], cells["batch_mode"])])
+    return np.array([cal.scale(mk, meth, mode, device, int(bs))[0]
+                     for mk, meth, mode, bs in zip(cells["model_key"], cells["method"], cells["batch_mode"],
+                                                   cells["batch_size"])])
 
 
 def calibrate(sweeps_dir=None, cost_model=None, device: Optional[str] = DEFAULT_DEVICE) -> Calibration:
@@ -1002,9 +1017,9 @@ def paper_matrix(planner: Optional[Planner] = None, mx: PaperMatrix = PaperMatri
             t = 1.0 if not spec.is_sd else tau[(spec.trace or "eagle3", k)]
             p = spec.path or ("padded" if spec.is_sd else "none")
             group = (name, engine, 0)
-            s = planner.cal.scale(mk, meth, "closed_loop", planner.device)[0]
             for d in mx.datasets:
                 for B in mx.batch_sizes:
+                    s = planner.cal.scale(mk, meth, "closed_loop", planner.device, B)[0]
                     n = max(mx.prompts_per_cell, mx.requests_per_slot * B)
                     r = price_cell(planner.ecm, p, k, t, profiles[d], B, False, n, mx.warmup_requests)
                     for rep in range(mx.repeats):
