@@ -332,3 +332,78 @@ def test_a_kv_variable_vllm_cannot_read_fails_in_one_line(folder, no_engine, cap
     assert len(err.splitlines()) == 1 and f"VLLM_CPU_KVCACHE_SPACE={value!r} is not a whole number of GiB" in err, err
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "")  # empty is unset, for vLLM as here
     assert cli.main(["validate", str(p)]) == 0
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the KV cache is known before start-up only on the CPU build")
+@pytest.mark.parametrize("how", ["extra", "variable"])
+def test_a_kv_cache_larger_than_the_machine_fails_in_one_line(folder, no_engine, capsys, monkeypatch, how):
+    """An explicit KV size above the machine's memory: vLLM's CPU worker refuses it at start-up (more than the
+    node's available memory), so the preflight does, naming the setting; the utilisation is a share of the
+    memory and cannot ask for more."""
+    from sdlib.vllm.options import node_memory_bytes
+
+    node = node_memory_bytes()
+    assert node
+    cfg = copy.deepcopy(BASE)
+    if how == "extra":
+        cfg["engine"]["extra"] = {"kv_cache_memory_bytes": node + 2 ** 30}
+        want = "engine.extra.kv_cache_memory_bytes: "
+    else:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", str(node // 2 ** 30 + 1))
+        want = "VLLM_CPU_KVCACHE_SPACE="
+    p = folder / f"kv_too_big_{how}.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["validate", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and want in err and "more than this machine's" in err, err
+    # within the machine's memory: accepted
+    if how == "extra":
+        cfg["engine"]["extra"] = {"kv_cache_memory_bytes": 2 ** 30}
+        p.write_text(yaml.safe_dump(cfg))
+    else:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert cli.main(["validate", str(p)]) == 0
+
+
+def test_kv_bytes_per_token_is_per_tensor_parallel_worker():
+    """Each tensor-parallel worker holds max(1, KV heads // TP) heads in a cache of the configured size (vLLM's
+    ModelConfig.get_num_kv_heads), so one token takes that share of the bytes in each."""
+    from sdlib.vllm.options import kv_bytes_per_token
+
+    cfg = {"num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8, "hidden_size": 1024,
+           "torch_dtype": "bfloat16"}
+    one = kv_bytes_per_token(cfg)
+    assert one == 2 * 4 * 8 * 64 * 2
+    assert kv_bytes_per_token(cfg, tensor_parallel_size=2) == one // 2
+    assert kv_bytes_per_token(cfg, tensor_parallel_size=8) == one // 8
+    # fewer KV heads than workers: each worker keeps a copy of one head
+    assert kv_bytes_per_token(cfg, tensor_parallel_size=16) == one // 8
+    assert kv_bytes_per_token({**cfg, "num_key_value_heads": 1}, tensor_parallel_size=4) == one // 8
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the KV cache is known before start-up only on the CPU build")
+def test_the_kv_check_counts_tokens_per_tensor_parallel_worker(folder, no_engine):
+    """A KV size that holds the batch in each of two workers' caches (half the heads each) but not in one is
+    accepted at tensor_parallel_size 2 and refused at 1, with the per-worker bytes in the message."""
+    from sdlib.run import preflight
+    from sdlib.config import parse_sweep
+    from sdlib.vllm.options import kv_bytes_per_token
+
+    target = json.loads((MODELS_DIR / "target" / "config.json").read_text())
+    if kv_bytes_per_token(target, tensor_parallel_size=2) * 2 != kv_bytes_per_token(target):
+        pytest.skip("the trained target's KV heads do not split in two")
+    one = kv_bytes_per_token(target)
+    cfg = copy.deepcopy(BASE)
+    cfg["methods"] = [{"name": "none"}]
+    cfg["workloads"][0]["path"] = str(folder / "prompts.jsonl")
+    cfg["batch_sizes"] = [2]
+    need = 2 * (1 + cfg["workloads"][0]["max_output_tokens"])  # tokens the check asks for: B x (1 + output)
+    cfg["engine"]["extra"] = {"kv_cache_memory_bytes": need * one * 3 // 4}  # 3/4 of a full-head batch
+    target_cfgs = {0: target}
+    with pytest.raises(preflight.ConfigError, match="fewer than the"):
+        preflight._check_batch_capacity(parse_sweep(cfg), target_cfgs)
+    cfg["models"][0]["tensor_parallel_size"] = 2
+    preflight._check_batch_capacity(parse_sweep(cfg), target_cfgs)  # half the bytes per token in each worker
+    cfg["engine"]["extra"] = {"kv_cache_memory_bytes": need * one // 4}  # too small even so
+    with pytest.raises(preflight.ConfigError, match="in each of its 2 workers"):
+        preflight._check_batch_capacity(parse_sweep(cfg), target_cfgs)

@@ -24,7 +24,7 @@ from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
 from sdlib.vllm.options import (check_options, cpu_kv_budget_bytes, cpu_kv_env_error, cpu_kv_setting, engine_fields,
-                                 is_cpu_build, kv_bytes_per_token, speculative_fields)
+                                 is_cpu_build, kv_bytes_per_token, kv_knob, node_memory_bytes, speculative_fields)
 from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_DATASETS, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
@@ -260,6 +260,11 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
     if is_cpu_build() and cpu_kv_env_error():
         raise ConfigError(cpu_kv_env_error())
     budget = cpu_kv_budget_bytes(e.gpu_memory_utilization, e.extra)
+    node = node_memory_bytes() if budget is not None else None
+    if node and budget > node and kv_knob(e.extra) != "engine.gpu_memory_utilization":
+        raise ConfigError(f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} asks for a KV cache of "
+                          f"{budget / 2 ** 30:.1f} GiB, more than this machine's {node / 2 ** 30:.1f} GiB of memory "
+                          "(vLLM's CPU build refuses it at start-up); lower it")
     for i, method, B in _longest_batch(sweep):
         if e.max_num_seqs is not None and e.max_num_seqs < B:
             raise ConfigError(f"engine.max_num_seqs: {e.max_num_seqs} is below batch size {B} "
@@ -270,8 +275,8 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
         if isinstance(mbt, int) and mbt < need:
             raise ConfigError(f"engine.extra.max_num_batched_tokens: {mbt} is below the {need} tokens one step of "
                               f"batch size {B} verifies with {method.label} (B x (1 + k)); raise it")
-        cfg = model_cfgs.get(i)
-        per_token = kv_bytes_per_token(cfg, sweep.models[i].dtype, str(e.extra.get("kv_cache_dtype", "auto"))) \
+        cfg, tp = model_cfgs.get(i), sweep.models[i].tensor_parallel_size
+        per_token = kv_bytes_per_token(cfg, sweep.models[i].dtype, str(e.extra.get("kv_cache_dtype", "auto")), tp) \
             if cfg is not None and budget is not None else None
         if per_token:
             shortest = min(1 + w.max_output_tokens for w in sweep.workloads)  # a prompt of >= 1 token + its output
@@ -279,7 +284,8 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
             if B * shortest > capacity:
                 raise ConfigError(
                     f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} gives the CPU build's KV cache at "
-                    f"most {capacity} tokens ({per_token} bytes each for models.{i}), fewer than the {B * shortest} "
+                    f"most {capacity} tokens ({per_token} bytes each for models.{i}"
+                    f"{f' in each of its {tp} workers' if tp > 1 else ''}), fewer than the {B * shortest} "
                     f"that {B} requests of {shortest}+ tokens need ({method.label}); raise it or lower the batch size")
 
 
