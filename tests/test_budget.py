@@ -112,30 +112,39 @@ def test_engine_start_fallbacks():
                                                                           "default")
 
 
-def test_scale_is_matched_by_batch_size_then_pooled():
-    """The device scale is the median ratio of committed cells of the same method, batch mode and batch size;
-    a batch size never measured takes the method's cells of that mode, a method never measured the no-SD cells
-    (by batch size first too). On the H100 the committed bs 1 cells' ratio lay far below the bs 32 and 128
-    ones', so a pooled median over-priced bs 1."""
+def test_scale_is_matched_by_batch_size_then_nearest_then_pooled():
+    """The device scale is the median ratio of committed cells of the same method and batch mode, at the batch
+    size where it has MIN_SCALE_CELLS cells, else at the nearest batch size (log scale) that has, else pooled;
+    a method never measured takes the no-SD cells the same way. On the H100 the committed bs 1 cells' ratio lay
+    far below the bs 32 and 128 ones', so a median pooled over batch sizes over-priced bs 1."""
+    assert budget.MIN_SCALE_CELLS == 3
     rows = [("eagle3", "closed_loop", 1, r) for r in (0.5, 0.6, 0.7)] + \
-           [("eagle3", "closed_loop", 4, r) for r in (1.4, 1.5)] + \
-           [("none", "closed_loop", 1, 0.9), ("none", "closed_loop", 4, 2.0), ("none", "closed_loop", 4, 2.2)] + \
+           [("eagle3", "closed_loop", 4, r) for r in (1.4, 1.5, 1.6)] + [("eagle3", "closed_loop", 16, 9.0)] + \
+           [("none", "closed_loop", 1, 0.9)] + [("none", "closed_loop", 4, r) for r in (2.0, 2.2, 2.4)] + \
            [("eagle3", "paper", 4, 3.0)]
     ratios = pd.DataFrame([{"model": "m|tp1", "device": DEV, "method": m, "batch_mode": mode, "batch_size": bs,
                             "ratio": r, "sweep": "a"} for m, mode, bs, r in rows], columns=budget.RATIO_COLUMNS)
     cal = budget.Calibration(starts=calibration().starts, process_overhead_s=10.0, cell_overhead_s=1.0,
                              ratios=ratios, source="hand")
     assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 1) == (0.6, "eagle3/closed_loop/1 (3 cells)")
-    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 4) == (1.45, "eagle3/closed_loop/4 (2 cells)")
-    # bs 8 never measured: every eagle3 closed-loop cell; paper mode at bs 1: eagle3's paper cells of any bs
-    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 8) == (0.7, "eagle3/closed_loop/* (5 cells)")
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 4) == (1.5, "eagle3/closed_loop/4 (3 cells)")
+    # bs 16 has one cell, too few: the nearest batch size with three (4, not 1); bs 2 lies as near 1 as 4: the smaller
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 16) == (1.5, "eagle3/closed_loop/4 (3 cells, nearest to bs 16)")
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 2) == (0.6, "eagle3/closed_loop/1 (3 cells, nearest to bs 2)")
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 512)[0] == 1.5
+    # paper mode: one cell, no batch size with three: pooled
     assert cal.scale("m|tp1", "eagle3", "paper", DEV, 1) == (3.0, "eagle3/paper/* (1 cells)")
     # no batch size given: the method and mode pooled, as before batch sizes were recorded
-    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV)[0] == 0.7
-    # ngram never measured: the no-SD cells, by batch size first
-    assert cal.scale("m|tp1", "ngram", "closed_loop", DEV, 4) == (2.1, "none/closed_loop/4 (2 cells)")
-    assert cal.scale("m|tp1", "ngram", "closed_loop", DEV, 8) == (2.0, "none/closed_loop/* (3 cells)")
+    assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV) == (1.4, "eagle3/closed_loop/* (7 cells)")
+    # ngram never measured: the no-SD cells the same way (bs 1 has one no-SD cell: the nearest with three is 4)
+    assert cal.scale("m|tp1", "ngram", "closed_loop", DEV, 4) == (2.2, "none/closed_loop/4 (3 cells)")
+    assert cal.scale("m|tp1", "ngram", "closed_loop", DEV, 1) == (2.2, "none/closed_loop/4 (3 cells, nearest to bs 1)")
     assert cal.scale("other|tp1", "eagle3", "closed_loop", DEV, 1) == (1.0, "none")
+    # ratios recorded without batch sizes (or a frame without the column): pooled, and said so
+    bare_cal = budget.Calibration(ratios=ratios.drop(columns="batch_size"))
+    assert bare_cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 1) == (1.4, "eagle3/closed_loop/* (7 cells)")
+    nan_cal = budget.Calibration(ratios=ratios.assign(batch_size=None))
+    assert nan_cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 1) == (1.4, "eagle3/closed_loop/* (7 cells)")
     # the planner prices each cell with its own batch size's scale
     p = budget.Planner(ECM, cal, DEV)
     d = sweep_dict(batch_mode="closed_loop", batch_sizes=[1, 4])
@@ -144,8 +153,8 @@ def test_scale_is_matched_by_batch_size_then_pooled():
     bare = budget.Planner(ECM, calibration(), DEV).estimate(parse_sweep(d)).cells.set_index(
         ["method", "dataset", "batch_size"])["window_s"]
     assert c[("eagle3", "gsm8k", 1)] == pytest.approx(0.6 * bare[("eagle3", "gsm8k", 1)])
-    assert c[("eagle3", "gsm8k", 4)] == pytest.approx(1.45 * bare[("eagle3", "gsm8k", 4)])
-    assert c[("none", "gsm8k", 1)] == pytest.approx(0.9 * bare[("none", "gsm8k", 1)])
+    assert c[("eagle3", "gsm8k", 4)] == pytest.approx(1.5 * bare[("eagle3", "gsm8k", 4)])
+    assert c[("none", "gsm8k", 1)] == pytest.approx(2.2 * bare[("none", "gsm8k", 1)])
 
 
 def test_budget_takes_whole_blocks_in_priority_order():

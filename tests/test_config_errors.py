@@ -59,6 +59,7 @@ CASES = [
     ("model-unknown-key", _set("models.0.pth", "x"), "models.0.pth: unknown key (valid keys here: path"),
     ("model-bad-dtype", _set("models.0.dtype", "int3"), "models.0.dtype"),
     ("model-tp-zero", _set("models.0.tensor_parallel_size", 0), "models.0.tensor_parallel_size"),
+    ("model-tp-uneven", _set("models.0.tensor_parallel_size", 3), "models.0.tensor_parallel_size: 3 cannot shard this model"),
     ("model-len-text", _set("models.0.max_model_len", "long"), "models.0.max_model_len"),
     ("model-len-bool", _set("models.0.max_model_len", True), "models.0.max_model_len"),
     ("model-len-too-big", _set("models.0.max_model_len", 10 ** 6), "models.0.max_model_len: 1000000 exceeds"),
@@ -407,3 +408,61 @@ def test_the_kv_check_counts_tokens_per_tensor_parallel_worker(folder, no_engine
     cfg["engine"]["extra"] = {"kv_cache_memory_bytes": need * one // 4}  # too small even so
     with pytest.raises(preflight.ConfigError, match="in each of its 2 workers"):
         preflight._check_batch_capacity(parse_sweep(cfg), target_cfgs)
+
+
+def test_tp_split_error_follows_vllms_rules():
+    """vLLM refuses a tensor-parallel size that does not divide the attention heads (ModelConfig), or whose KV
+    heads neither split evenly nor, where fewer than the workers, divide them (QKVParallelLinear)."""
+    from sdlib.vllm.options import tp_split_error
+
+    cfg = {"num_attention_heads": 8, "num_key_value_heads": 4}
+    assert tp_split_error(cfg, 1) == tp_split_error(cfg, 2) == tp_split_error(cfg, 8) == ""
+    assert "8 attention heads do not split evenly over 3 workers" in tp_split_error(cfg, 3)
+    assert tp_split_error({"num_attention_heads": 8, "num_key_value_heads": 2}, 4) == ""  # two copies of each
+    assert "3 KV heads" in tp_split_error({"num_attention_heads": 12, "num_key_value_heads": 3}, 2)
+    assert "3 KV heads" in tp_split_error({"num_attention_heads": 24, "num_key_value_heads": 3}, 8)
+    assert tp_split_error({"num_attention_heads": 8}, 2) == ""  # KV heads default to the attention heads
+    assert tp_split_error({}, 2) == ""  # a config that does not say: vLLM decides
+
+
+def test_the_memory_limit_is_the_containers_where_it_has_one(tmp_path, monkeypatch):
+    """vLLM's CPU build clamps the node's memory to the cgroup limit (v2 memory.max, else v1, whose huge sentinel
+    means none); the KV checks use the same."""
+    from sdlib.vllm import options
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    files = ((str(v2), None), (str(v1), 1 << 62))
+    assert options.cgroup_memory_limit(files) is None  # neither file
+    v2.write_text("max\n")
+    assert options.cgroup_memory_limit(files) is None
+    v2.write_text("1073741824\n")
+    assert options.cgroup_memory_limit(files) == 2 ** 30
+    v2.unlink()
+    v1.write_text(str(2 ** 63 - 4096))
+    assert options.cgroup_memory_limit(files) is None
+    v1.write_text(str(3 * 2 ** 30))
+    assert options.cgroup_memory_limit(files) == 3 * 2 ** 30
+    unclamped = options.node_memory_bytes() if options.cgroup_memory_limit() is None else None
+    monkeypatch.setattr(options, "cgroup_memory_limit", lambda: 2 ** 30)
+    assert options.node_memory_bytes() == 2 ** 30
+    if unclamped:
+        monkeypatch.setattr(options, "cgroup_memory_limit", lambda: 10 * unclamped)  # a limit above it changes nothing
+        assert options.node_memory_bytes() == unclamped
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the KV cache is known before start-up only on the CPU build")
+def test_an_explicit_kv_size_counts_once_per_tensor_parallel_worker(folder, no_engine, capsys):
+    """Each tensor-parallel worker allocates the explicit size: two workers of 60% of the machine's memory do not
+    fit, one does."""
+    from sdlib.vllm.options import node_memory_bytes
+
+    cfg = copy.deepcopy(BASE)
+    cfg["engine"]["extra"] = {"kv_cache_memory_bytes": int(node_memory_bytes() * 0.6)}
+    p = folder / "kv_tp.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["validate", str(p)]) == 0
+    cfg["models"][0]["tensor_parallel_size"] = 2
+    p.write_text(yaml.safe_dump(cfg))
+    assert cli.main(["validate", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "for each of 2 tensor-parallel workers" in err, err

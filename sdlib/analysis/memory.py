@@ -295,7 +295,8 @@ def capacity_table(prov: dict, sweep: str = "") -> pd.DataFrame:
 
     Columns: sweep, model, method_label, method, device, vllm_version, capacity_tokens,
     kv_bytes_per_token (predicted; NaN when a config is not readable here),
-    implied_kv_budget_bytes (capacity x predicted bytes/token), measured_ratio (capacity / the
+    implied_kv_budget_bytes (capacity x predicted bytes/token; the whole model's bytes per token, so under
+    tensor parallelism the sum over the workers' caches, not one worker's), measured_ratio (capacity / the
     no-SD engine's, same model), predicted_ratio (no-SD bytes/token / this method's: equal
     budgets), ratio_error (measured / predicted - 1), budget_vs_none_bytes (implied budget minus
     the no-SD engine's: ~0 when budgets match; about minus the draft weights on a GPU).

@@ -22,11 +22,12 @@ A cell's estimate (seconds) comes from the engine cost model (:mod:`sdlib.sim.en
   a fitted path, e.g. a draft model, are priced on the ``padded`` path, which leaves out the draft model's own
   forward passes) and its ``num_spec_tokens`` (``K = 0`` without SD);
 * ``s_m``: the scale of the model on the device, the median of measured / modelled seconds over the committed
-  cells of the same shape, tensor-parallel size and device, and of the same method, batch mode and batch size;
-  where none match, the batch size is dropped, then the batch mode, then the method is taken as no SD
+  cells of the same shape, tensor-parallel size and device, and of the same method and batch mode, at the cell's
+  batch size where it has :data:`MIN_SCALE_CELLS` cells, else at the nearest batch size that has, else pooled
+  over batch sizes; where the method has none, the same over its cells of any mode, then over the no-SD cells
   (:meth:`Calibration.scale`); 1 where the shape was never measured there (priced as the cost model's shape).
-  The batch size is kept because the cost model's error on another device is not one factor: on the H100 the
-  committed cells' ratio is lower at bs 1 than at bs 32 and 128, so a pooled median over-priced bs 1.
+  The batch size counts because the cost model's error on another device is not one factor: on the H100 the
+  headline's bs 1 cells' ratio lies below its bs 32 and 128 cells', so a pooled median over-priced bs 1.
 
 The warm-up (``warmup_requests`` requests run before a cell) is priced by the same formula, closed loop, at
 ``b = min(B, warmup_requests)`` (with a config's ``warmup_tokens``: a full batch of ``max(warmup_requests, B)``
@@ -163,27 +164,49 @@ class Calibration:
     def scale(self, model_key_: str, method: str, batch_mode: str, device: str = DEFAULT_DEVICE,
               batch_size: Optional[int] = None) -> tuple[float, str]:
         """``s_m`` for cells of a model shape (:func:`model_key`), method, batch mode and batch size on ``device``:
-        the median measured / modelled seconds of committed cells alike; where none match, dropping the batch
-        size, then the batch mode, then taking the shape's no-SD cells in the same order; 1 (``none``) where the
-        shape was never measured there. What matched: ``method/mode/bs (n cells)``, ``*`` for a dropped field."""
+        the median measured / modelled seconds of committed cells alike. Among the cells of the method and batch
+        mode, those of the batch size where it has :data:`MIN_SCALE_CELLS` of them, else of the nearest batch
+        size (log scale) that has, else all of them pooled; where the method has no cell of that batch mode, its
+        cells of any mode the same way; then the shape's no-SD cells the same way; 1 (``none``) where the shape
+        was never measured there. What matched: ``method/mode/bs (n cells)``, ``*`` for a pooled field."""
         key = (model_key_, method, batch_mode, device, batch_size)
         if key not in self._scale_cache:
             r = self.ratios
             r = r[(r["model"] == model_key_) & (r["device"] == device)] if len(r) else r
             out = (1.0, "none")
-            tries = [(meth, mode, bs) for meth in (method, "none")
-                     for mode, bs in ((batch_mode, batch_size), (batch_mode, None), (None, None))]
-            for meth, mode, bs in tries:
+            for meth, mode in ((method, batch_mode), (method, None), ("none", batch_mode), ("none", None)):
                 if not len(r):
                     break
-                sel = r[(r["method"] == meth) & ((r["batch_mode"] == mode) if mode else True)
-                        & ((r["batch_size"] == bs) if (bs is not None and "batch_size" in r) else True)]
-                if len(sel):
-                    out = (float(sel["ratio"].median()),
-                           f"{meth}/{mode or '*'}/{'*' if bs is None else bs} ({len(sel)} cells)")
-                    break
+                sel = r[(r["method"] == meth) & ((r["batch_mode"] == mode) if mode else True)]
+                if not len(sel):
+                    continue
+                bs = _nearest_batch_size(sel, batch_size)
+                if bs is not None:
+                    sel = sel[sel["batch_size"] == bs]
+                near = "" if bs in (None, batch_size) else f", nearest to bs {batch_size}"
+                out = (float(sel["ratio"].median()),
+                       f"{meth}/{mode or '*'}/{'*' if bs is None else bs} ({len(sel)} cells{near})")
+                break
             self._scale_cache[key] = out
         return self._scale_cache[key]
+
+
+#: Cells a batch size needs among the committed ones before its own median scales a cell (:meth:`Calibration.scale`);
+#: with fewer, the nearest batch size that has them is taken, else every batch size pooled.
+MIN_SCALE_CELLS = 3
+
+
+def _nearest_batch_size(sel: pd.DataFrame, batch_size: Optional[int]) -> Optional[int]:
+    """The batch size whose cells scale a cell of ``batch_size``: itself where it has :data:`MIN_SCALE_CELLS`
+    cells in ``sel``, else the nearest on a log scale that has them (the smaller on a tie); None (pool them all)
+    where no batch size is given or recorded, or none has enough cells."""
+    if batch_size is None or "batch_size" not in sel:
+        return None
+    counts = sel["batch_size"].dropna().astype(int).value_counts()
+    enough = sorted(int(b) for b in counts[counts >= MIN_SCALE_CELLS].index if b > 0)
+    if not enough:
+        return None
+    return min(enough, key=lambda b: (abs(math.log(b) - math.log(max(int(batch_size), 1))), b))
 
 
 # --------------------------------------------------------------------------- requests of a cell
@@ -564,8 +587,8 @@ def committed_invocations(sweeps_dir=None, planner: Optional[Planner] = None,
                              "window_s": r["window_s"], "warmup_s": r["warmup_s"], "wall_s": float(wall),
                              "overhead_s": 0.0})
             cells = _assign_warmups(pd.DataFrame(rows)) if rows else pd.DataFrame(
-                columns=["run_id", "group", "model_key", "method", "batch_mode", "window_s", "warmup_s", "wall_s",
-                         "est_s"])
+                columns=["run_id", "group", "model_key", "method", "batch_mode", "batch_size", "warm_key", "window_s",
+                         "warmup_s", "wall_s", "overhead_s", "est_s"])
             devs = [e["device"] for e in engines if e["device"]]
             vers = [e["vllm_version"] for e in engines if e["vllm_version"]]
             wall = (t1 - t0).total_seconds() if t1 is not None else None
@@ -583,8 +606,8 @@ def calibration_from(invs: list[Invocation], exclude: Sequence[str] = ()) -> Cal
                             "engine_start_s": float(e["engine_start_s"]), "sweep": v.sweep}
                            for v in invs for e in v.engines if e["engine_start_s"] is not None and e["device"]],
                           columns=Calibration().starts.columns)
-    ratios = pd.DataFrame([{"model": mk, "device": v.device, "method": meth, "batch_mode": mode, "batch_size": int(bs),
-                            "ratio": wall / w, "sweep": v.sweep}
+    ratios = pd.DataFrame([{"model": mk, "device": v.device, "method": meth, "batch_mode": mode,
+                            "batch_size": None if pd.isna(bs) else int(bs), "ratio": wall / w, "sweep": v.sweep}
                            for v in invs if len(v.cells)
                            for mk, meth, mode, bs, w, wall in zip(v.cells["model_key"], v.cells["method"],
                                                                   v.cells["batch_mode"], v.cells["batch_size"],
@@ -615,9 +638,9 @@ def calibration_from(invs: list[Invocation], exclude: Sequence[str] = ()) -> Cal
 
 
 def _scales(cal: Calibration, cells: pd.DataFrame, device: str) -> np.ndarray:
-    return np.array([cal.scale(mk, meth, mode, device, int(bs))[0]
-                     for mk, meth, mode, bs in zip(cells["model_key"], cells["method"], cells["batch_mode"],
-                                                   cells["batch_size"])])
+    sizes = cells["batch_size"] if "batch_size" in cells else [None] * len(cells)
+    return np.array([cal.scale(mk, meth, mode, device, None if pd.isna(bs) else int(bs))[0]
+                     for mk, meth, mode, bs in zip(cells["model_key"], cells["method"], cells["batch_mode"], sizes)])
 
 
 def calibrate(sweeps_dir=None, cost_model=None, device: Optional[str] = DEFAULT_DEVICE) -> Calibration:

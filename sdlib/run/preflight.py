@@ -24,7 +24,8 @@ from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
 from sdlib.vllm.options import (check_options, cpu_kv_budget_bytes, cpu_kv_env_error, cpu_kv_setting, engine_fields,
-                                 is_cpu_build, kv_bytes_per_token, kv_knob, node_memory_bytes, speculative_fields)
+                                 is_cpu_build, kv_bytes_per_token, kv_knob, node_memory_bytes, speculative_fields,
+                                 tp_split_error)
 from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_DATASETS, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
@@ -140,6 +141,10 @@ def preflight(sweep: SweepConfig) -> None:
             if limit is not None and m.max_model_len > limit:
                 raise ConfigError(f"models.{i}.max_model_len: {m.max_model_len} exceeds the model's "
                                   f"{limit} (config.json max_position_embeddings)")
+            split = tp_split_error(cfg, m.tensor_parallel_size)
+            if split:
+                raise ConfigError(f"models.{i}.tensor_parallel_size: {m.tensor_parallel_size} cannot shard this "
+                                  f"model: {split} (vLLM refuses it); choose a size that does")
         if m.tokenizer and _is_local(m.tokenizer) and not resolve(m.tokenizer).exists():
             raise ConfigError(f"models.{i}.tokenizer: {resolve(m.tokenizer)} does not exist")
     for i, me in enumerate(sweep.methods):
@@ -261,10 +266,13 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
         raise ConfigError(cpu_kv_env_error())
     budget = cpu_kv_budget_bytes(e.gpu_memory_utilization, e.extra)
     node = node_memory_bytes() if budget is not None else None
-    if node and budget > node and kv_knob(e.extra) != "engine.gpu_memory_utilization":
-        raise ConfigError(f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} asks for a KV cache of "
-                          f"{budget / 2 ** 30:.1f} GiB, more than this machine's {node / 2 ** 30:.1f} GiB of memory "
-                          "(vLLM's CPU build refuses it at start-up); lower it")
+    if node and kv_knob(e.extra) != "engine.gpu_memory_utilization":
+        tp = max(m.tensor_parallel_size for m in sweep.models)  # each worker takes a cache of that size
+        if budget * tp > node:
+            each = f" for each of {tp} tensor-parallel workers" if tp > 1 else ""
+            raise ConfigError(f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} asks for a KV cache of "
+                              f"{budget / 2 ** 30:.1f} GiB{each}, more than this machine's {node / 2 ** 30:.1f} GiB of "
+                              "memory (vLLM's CPU build cannot allocate it); lower it")
     for i, method, B in _longest_batch(sweep):
         if e.max_num_seqs is not None and e.max_num_seqs < B:
             raise ConfigError(f"engine.max_num_seqs: {e.max_num_seqs} is below batch size {B} "

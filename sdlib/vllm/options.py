@@ -233,9 +233,33 @@ def is_cpu_build() -> bool:
         return False
 
 
+#: Where the container's memory limit is read: cgroup v2, then v1 (with v1's "unlimited" sentinel).
+CGROUP_MEMORY_LIMITS = (("/sys/fs/cgroup/memory.max", None), ("/sys/fs/cgroup/memory/memory.limit_in_bytes", 1 << 62))
+
+
+def cgroup_memory_limit(files=CGROUP_MEMORY_LIMITS) -> Optional[int]:
+    """The container's memory limit in bytes (cgroup v2 ``memory.max``, else v1 ``memory.limit_in_bytes``), or
+    None where there is none; read as vLLM's CPU build reads it (vllm/utils/cpu_resource_utils.py
+    ``get_cgroup_memory_limit``: ``max`` and v1's huge sentinel mean no limit)."""
+    for path, sentinel in files:
+        try:
+            raw = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if not raw or raw == "max":
+            return None
+        try:
+            v = int(raw)
+        except ValueError:
+            continue
+        return None if sentinel is not None and v >= sentinel else v
+    return None
+
+
 def node_memory_bytes() -> Optional[int]:
     """The memory the CPU build sizes its KV cache from (NUMA node 0's MemTotal, else the machine's), bytes;
-    the larger of the two where both are known, so a check against it never refuses what vLLM allows."""
+    the larger of the two where both are known, so a check against it never refuses what vLLM allows; clamped to
+    the container's memory limit (:func:`cgroup_memory_limit`), as vLLM clamps it."""
     vals = []
     try:
         for line in Path("/sys/devices/system/node/node0/meminfo").read_text().splitlines():
@@ -248,7 +272,10 @@ def node_memory_bytes() -> Optional[int]:
         vals.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (OSError, ValueError, AttributeError):
         pass
-    return max(vals) if vals else None
+    if not vals:
+        return None
+    limit = cgroup_memory_limit()
+    return min(max(vals), limit) if limit is not None else max(vals)
 
 
 #: vLLM's CPU-build variable that sets the KV cache in GiB, over any engine argument (vllm/platforms/cpu.py).
@@ -343,6 +370,26 @@ def cpu_kv_budget_bytes(gpu_memory_utilization: float, extra: Optional[dict[str,
         return value
     mem = node_memory_bytes()
     return None if mem is None else int(mem * gpu_memory_utilization)
+
+
+def tp_split_error(cfg: dict[str, Any], tensor_parallel_size: int) -> str:
+    """Why vLLM cannot split a model of ``config.json`` ``cfg`` over ``tensor_parallel_size`` workers, or '': its
+    attention heads must divide evenly (``ModelConfig.verify_with_parallel_config``), and its KV heads either
+    divide evenly or, where fewer than the workers, divide the workers (each worker then keeps a copy of one;
+    ``QKVParallelLinear``)."""
+    tp = int(tensor_parallel_size or 1)
+    if tp <= 1:
+        return ""
+    try:
+        heads = int(cfg["num_attention_heads"])
+        kv = int(cfg.get("num_key_value_heads") or heads)
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if heads % tp:
+        return f"its {heads} attention heads do not split evenly over {tp} workers"
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        return f"its {kv} KV heads neither split evenly over {tp} workers nor divide them"
+    return ""
 
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
