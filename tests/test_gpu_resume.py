@@ -71,7 +71,7 @@ def test_a_job_with_blocks_carries_the_whole_parts_of_those_blocks_only():
     assert mod.resume_files("v034_headline", ["--blocks", "instructcoder:32,instructcoder:128"], "h100")[1] == 96
     # a part of a block (@start) carries the whole block: the part's neighbours are what the job skips
     assert mod.resume_files("v034_headline", ["--blocks", "gsm8k:1,instructcoder:32@1"], "h100")[1] == len(
-        _whole_parts(done, "instructcoder", (32,)))
+        _whole_parts(done, "instructcoder", (32,))) + len(_whole_parts(done, "gsm8k", (1,)))
     # no --blocks: the job may run any missing cell, so every whole part travels
     assert mod.resume_files("v034_headline", [], "h100")[1] == sum(
         len(_whole_parts(done, ds, (1, 32, 128))) for ds in ("instructcoder", "gsm8k", "sharegpt", "cnn_dailymail"))
