@@ -132,6 +132,16 @@ def test_scale_is_matched_by_batch_size_then_nearest_then_pooled():
     assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 16) == (1.5, "eagle3/closed_loop/4 (3 cells, nearest to bs 16)")
     assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 2) == (0.6, "eagle3/closed_loop/1 (3 cells, nearest to bs 2)")
     assert cal.scale("m|tp1", "eagle3", "closed_loop", DEV, 512)[0] == 1.5
+    # a batch size as far from two others on the log scale takes the smaller, exactly (as float logs, 32 lies a
+    # hair nearer 64 than 16)
+    even = pd.DataFrame([{"model": "m|tp1", "device": DEV, "method": "none", "batch_mode": "closed_loop",
+                          "batch_size": bs, "ratio": r, "sweep": "a"} for bs, r in ((16, 1.0), (64, 2.0))
+                         for _ in range(3)], columns=budget.RATIO_COLUMNS)
+    assert budget.Calibration(ratios=even).scale("m|tp1", "none", "closed_loop", DEV, 32)[0] == 1.0
+    assert budget.Calibration(ratios=even.assign(batch_size=even["batch_size"] * 4)).scale(
+        "m|tp1", "none", "closed_loop", DEV, 128)[0] == 1.0  # 128 between 64 and 256
+    # a batch mode the method never ran: its cells of every mode, by batch size the same way
+    assert cal.scale("m|tp1", "eagle3", "open_loop", DEV, 4) == (1.55, "eagle3/*/4 (4 cells)")
     # paper mode: one cell, no batch size with three: pooled
     assert cal.scale("m|tp1", "eagle3", "paper", DEV, 1) == (3.0, "eagle3/paper/* (1 cells)")
     # no batch size given: the method and mode pooled, as before batch sizes were recorded

@@ -423,6 +423,9 @@ def test_tp_split_error_follows_vllms_rules():
     assert "3 KV heads" in tp_split_error({"num_attention_heads": 24, "num_key_value_heads": 3}, 8)
     assert tp_split_error({"num_attention_heads": 8}, 2) == ""  # KV heads default to the attention heads
     assert tp_split_error({}, 2) == ""  # a config that does not say: vLLM decides
+    assert tp_split_error({"num_attention_heads": 0}, 2) == ""
+    # multi-head latent attention keeps one latent KV, not split by head: only the attention heads count
+    assert tp_split_error({"num_attention_heads": 16, "num_key_value_heads": 3, "kv_lora_rank": 512}, 4) == ""
 
 
 def test_the_memory_limit_is_the_containers_where_it_has_one(tmp_path, monkeypatch):
@@ -435,6 +438,9 @@ def test_the_memory_limit_is_the_containers_where_it_has_one(tmp_path, monkeypat
     assert options.cgroup_memory_limit(files) is None  # neither file
     v2.write_text("max\n")
     assert options.cgroup_memory_limit(files) is None
+    v1.write_text(str(3 * 2 ** 30))  # v2 says no limit: v1 is read too, as vLLM reads it
+    assert options.cgroup_memory_limit(files) == 3 * 2 ** 30
+    v1.unlink()
     v2.write_text("1073741824\n")
     assert options.cgroup_memory_limit(files) == 2 ** 30
     v2.unlink()

@@ -73,6 +73,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from fractions import Fraction
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -206,7 +207,9 @@ def _nearest_batch_size(sel: pd.DataFrame, batch_size: Optional[int]) -> Optiona
     enough = sorted(int(b) for b in counts[counts >= MIN_SCALE_CELLS].index if b > 0)
     if not enough:
         return None
-    return min(enough, key=lambda b: (abs(math.log(b) - math.log(max(int(batch_size), 1))), b))
+    want = max(int(batch_size), 1)
+    # the ratio of the two sizes, exactly (a difference of float logs can break a tie the wrong way)
+    return min(enough, key=lambda b: (Fraction(max(b, want), min(b, want)), b))
 
 
 # --------------------------------------------------------------------------- requests of a cell

@@ -272,7 +272,7 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
             each = f" for each of {tp} tensor-parallel workers" if tp > 1 else ""
             raise ConfigError(f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} asks for a KV cache of "
                               f"{budget / 2 ** 30:.1f} GiB{each}, more than this machine's {node / 2 ** 30:.1f} GiB of "
-                              "memory (vLLM's CPU build cannot allocate it); lower it")
+                              "memory (vLLM's CPU build would refuse it or run out of memory filling it); lower it")
     for i, method, B in _longest_batch(sweep):
         if e.max_num_seqs is not None and e.max_num_seqs < B:
             raise ConfigError(f"engine.max_num_seqs: {e.max_num_seqs} is below batch size {B} "

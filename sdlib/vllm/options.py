@@ -246,11 +246,9 @@ def cgroup_memory_limit(files=CGROUP_MEMORY_LIMITS) -> Optional[int]:
             raw = Path(path).read_text().strip()
         except OSError:
             continue
-        if not raw or raw == "max":
-            return None
         try:
             v = int(raw)
-        except ValueError:
+        except ValueError:  # "max", empty: no limit here; vLLM then reads the next file too
             continue
         return None if sentinel is not None and v >= sentinel else v
     return None
@@ -258,8 +256,9 @@ def cgroup_memory_limit(files=CGROUP_MEMORY_LIMITS) -> Optional[int]:
 
 def node_memory_bytes() -> Optional[int]:
     """The memory the CPU build sizes its KV cache from (NUMA node 0's MemTotal, else the machine's), bytes;
-    the larger of the two where both are known, so a check against it never refuses what vLLM allows; clamped to
-    the container's memory limit (:func:`cgroup_memory_limit`), as vLLM clamps it."""
+    the larger of the two where both are known, so one worker's check against it never refuses what vLLM allows
+    (vLLM compares with the node's available memory, which is less); clamped to the container's memory limit
+    (:func:`cgroup_memory_limit`), as vLLM clamps it."""
     vals = []
     try:
         for line in Path("/sys/devices/system/node/node0/meminfo").read_text().splitlines():
@@ -385,8 +384,12 @@ def tp_split_error(cfg: dict[str, Any], tensor_parallel_size: int) -> str:
         kv = int(cfg.get("num_key_value_heads") or heads)
     except (KeyError, TypeError, ValueError):
         return ""
+    if heads <= 0 or kv <= 0:
+        return ""  # a config that does not say what vLLM would split: vLLM decides
     if heads % tp:
         return f"its {heads} attention heads do not split evenly over {tp} workers"
+    if cfg.get("kv_lora_rank"):
+        return ""  # multi-head latent attention: one latent KV, not split by head
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         return f"its {kv} KV heads neither split evenly over {tp} workers nor divide them"
     return ""
