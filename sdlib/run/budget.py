@@ -21,11 +21,9 @@ A cell's estimate (seconds) comes from the engine cost model (:mod:`sdlib.sim.en
 * ``path`` and ``K``: the method's engine path (:attr:`sdlib.core.registry.MethodSpec.path`; SD methods without
   a fitted path, e.g. a draft model, are priced on the ``padded`` path, which leaves out the draft model's own
   forward passes) and its ``num_spec_tokens`` (``K = 0`` without SD);
-* ``s_m``: the scale of the model on the device, the median of measured / modelled seconds over the committed
-  cells of the same shape, tensor-parallel size and device, and of the same method and batch mode, at the cell's
-  batch size where it has :data:`MIN_SCALE_CELLS` cells, else at the nearest batch size that has, else pooled
-  over batch sizes; where the method has none, the same over its cells of any mode, then over the no-SD cells
-  (:meth:`Calibration.scale`); 1 where the shape was never measured there (priced as the cost model's shape).
+* ``s_m``: the scale of the model on the device, the median of measured / modelled seconds over committed cells
+  of the same shape, tensor-parallel size and device, matched by method, batch mode and batch size in the order
+  :meth:`Calibration.scale` gives; 1 where the shape was never measured there (priced as the cost model's shape).
   The batch size counts because the cost model's error on another device is not one factor: on the H100 the
   headline's bs 1 cells' ratio lies below its bs 32 and 128 cells', so a pooled median over-priced bs 1.
 
@@ -73,9 +71,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from fractions import Fraction
 import warnings
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -610,7 +608,7 @@ def calibration_from(invs: list[Invocation], exclude: Sequence[str] = ()) -> Cal
                            for v in invs for e in v.engines if e["engine_start_s"] is not None and e["device"]],
                           columns=Calibration().starts.columns)
     ratios = pd.DataFrame([{"model": mk, "device": v.device, "method": meth, "batch_mode": mode,
-                            "batch_size": None if pd.isna(bs) else int(bs), "ratio": wall / w, "sweep": v.sweep}
+                            "batch_size": int(bs), "ratio": wall / w, "sweep": v.sweep}
                            for v in invs if len(v.cells)
                            for mk, meth, mode, bs, w, wall in zip(v.cells["model_key"], v.cells["method"],
                                                                   v.cells["batch_mode"], v.cells["batch_size"],
@@ -641,9 +639,9 @@ def calibration_from(invs: list[Invocation], exclude: Sequence[str] = ()) -> Cal
 
 
 def _scales(cal: Calibration, cells: pd.DataFrame, device: str) -> np.ndarray:
-    sizes = cells["batch_size"] if "batch_size" in cells else [None] * len(cells)
-    return np.array([cal.scale(mk, meth, mode, device, None if pd.isna(bs) else int(bs))[0]
-                     for mk, meth, mode, bs in zip(cells["model_key"], cells["method"], cells["batch_mode"], sizes)])
+    return np.array([cal.scale(mk, meth, mode, device, int(bs))[0]
+                     for mk, meth, mode, bs in zip(cells["model_key"], cells["method"], cells["batch_mode"],
+                                                   cells["batch_size"])])
 
 
 def calibrate(sweeps_dir=None, cost_model=None, device: Optional[str] = DEFAULT_DEVICE) -> Calibration:

@@ -23,9 +23,9 @@ from sdlib.config import ConfigError, SweepConfig, hub_revision
 from sdlib.models.shapes import SHAPES, write_shape
 from sdlib.paths import REPO_ROOT, hf_hub_cache, hub_repo_cache, resolve
 from sdlib.vllm.compat import engine_arg_names
-from sdlib.vllm.options import (check_options, cpu_kv_budget_bytes, cpu_kv_env_error, cpu_kv_setting, engine_fields,
-                                 is_cpu_build, kv_bytes_per_token, kv_knob, node_memory_bytes, speculative_fields,
-                                 tp_split_error)
+from sdlib.vllm.options import (check_options, cpu_kv_budget_bytes, cpu_kv_env_error, cpu_kv_explicit_bytes,
+                                 cpu_kv_setting, engine_fields, is_cpu_build, kv_bytes_per_token, node_memory_bytes,
+                                 speculative_fields, tp_split_error)
 from sdlib.workloads.datasets import HUB_SOURCES, PACKAGE_SOURCES, SHAREGPT_DATASETS, SHAREGPT_HUB
 
 #: seconds to wait for the Hugging Face Hub when a model is a hub id not in the local cache
@@ -265,13 +265,14 @@ def _check_batch_capacity(sweep: SweepConfig, model_cfgs: dict[int, dict]) -> No
     if is_cpu_build() and cpu_kv_env_error():
         raise ConfigError(cpu_kv_env_error())
     budget = cpu_kv_budget_bytes(e.gpu_memory_utilization, e.extra)
-    node = node_memory_bytes() if budget is not None else None
-    if node and kv_knob(e.extra) != "engine.gpu_memory_utilization":
+    explicit = cpu_kv_explicit_bytes(e.extra)
+    node = node_memory_bytes() if explicit is not None else None
+    if node:
         tp = max(m.tensor_parallel_size for m in sweep.models)  # each worker takes a cache of that size
-        if budget * tp > node:
+        if explicit * tp > node:
             each = f" for each of {tp} tensor-parallel workers" if tp > 1 else ""
             raise ConfigError(f"{cpu_kv_setting(e.gpu_memory_utilization, e.extra)} asks for a KV cache of "
-                              f"{budget / 2 ** 30:.1f} GiB{each}, more than this machine's {node / 2 ** 30:.1f} GiB of "
+                              f"{explicit / 2 ** 30:.1f} GiB{each}, more than this machine's {node / 2 ** 30:.1f} GiB of "
                               "memory (vLLM's CPU build would refuse it or run out of memory filling it); lower it")
     for i, method, B in _longest_batch(sweep):
         if e.max_num_seqs is not None and e.max_num_seqs < B:

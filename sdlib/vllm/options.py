@@ -351,6 +351,18 @@ def cpu_kv_setting(gpu_memory_utilization: float, extra: Optional[dict[str, Any]
     return f"{knob}: {value if value is not None else gpu_memory_utilization}"
 
 
+def cpu_kv_explicit_bytes(extra: Optional[dict[str, Any]] = None) -> Optional[int]:
+    """The KV cache's size in bytes where it is set explicitly on the CPU build (:func:`_kv_source`:
+    ``VLLM_CPU_KVCACHE_SPACE`` GiB, or ``engine.extra.kv_cache_memory_bytes``; vLLM takes exactly either, per
+    worker), else None (a share of memory, a block count, or not the CPU build)."""
+    if not is_cpu_build():
+        return None
+    knob, value = _kv_source(extra)
+    if knob == CPU_KV_ENV:
+        return value * 2 ** 30
+    return value if knob == f"engine.extra.{KV_BYTES_ARG}" else None
+
+
 def cpu_kv_budget_bytes(gpu_memory_utilization: float, extra: Optional[dict[str, Any]] = None) -> Optional[int]:
     """At most this many bytes of KV cache on the CPU build, in vLLM's order (:func:`_kv_source`;
     vllm/platforms/cpu.py, vllm/v1/worker/cpu_worker.py): ``VLLM_CPU_KVCACHE_SPACE`` GiB, or
@@ -358,15 +370,11 @@ def cpu_kv_budget_bytes(gpu_memory_utilization: float, extra: Optional[dict[str,
     node's memory (vLLM takes that less what the engine process itself uses, FACTS.md). None when not the CPU
     build, or where ``engine.extra.num_gpu_blocks_override`` sets the block count instead (the engine's own
     capacity is then checked before each cell, ``sdlib.run.worker.kv_shortfall``)."""
-    if not is_cpu_build():
+    if not is_cpu_build() or kv_knob(extra) == f"engine.extra.{KV_BLOCKS_ARG}":
         return None
-    knob, value = _kv_source(extra)
-    if knob == CPU_KV_ENV:
-        return value * 2 ** 30
-    if knob.endswith(KV_BLOCKS_ARG):
-        return None
-    if value is not None:
-        return value
+    explicit = cpu_kv_explicit_bytes(extra)
+    if explicit is not None:
+        return explicit
     mem = node_memory_bytes()
     return None if mem is None else int(mem * gpu_memory_utilization)
 
