@@ -7,9 +7,11 @@
 #       copies the checkout to /tmp/sdrepo (a later call's checkout copy cannot change a running job's files),
 #       unpacks MODELS_TAR there if given (the sparse checkout's data/models, carried once), and starts the
 #       queue detached (setsid): every job runs in /tmp/sdrepo, one after another, under its own timeout
-#   bash gpu/session.sh wait SECONDS
-#       waits until the queue has ended or SECONDS have passed, prints each job's state, and packs
-#       /tmp/res (every job's results folder) and the logs into $OUT (split into 15 MiB files)
+#   bash gpu/session.sh wait SECONDS [JOB]
+#       waits until the queue has ended or SECONDS have passed (or, with JOB, until that job of the queue has
+#       ended, so a call can return when a part ends rather than hold the machine into one that cannot finish),
+#       prints each job's state, and packs /tmp/res (every job's results folder) and the logs into $OUT (split
+#       into 15 MiB files)
 #   bash gpu/session.sh stop
 #       ends the queue and every process it started: the runner, the running job's process group (`timeout`
 #       leads a group of its own, so killing the runner's group alone left the job running) and any process
@@ -22,7 +24,7 @@
 set -u
 # The folders (overridable for tests only: SDLIB_SESSION_ROOT puts all three under one folder)
 SESS=${SDLIB_SESSION_ROOT:-/tmp}/sdsess REPO=${SDLIB_SESSION_ROOT:-/tmp}/sdrepo RES=${SDLIB_SESSION_ROOT:-/tmp}/res
-cmd=${1:?usage: session.sh start QUEUE [MODELS_TAR] | wait SECONDS | stop}
+cmd=${1:?usage: session.sh start QUEUE [MODELS_TAR] | wait SECONDS [JOB] | stop}
 
 _run_queue() {  # detached: the jobs of $1, in order
   local queue=$1 name limit command t0 rc
@@ -85,10 +87,16 @@ case "$cmd" in
     ;;
   _queue) _run_queue "$2" ;;
   wait)
-    limit=${2:?seconds}; t0=$(date +%s)
-    while [ ! -f "$SESS/ended" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+    limit=${2:?seconds}; job=${3:-}; t0=$(date +%s)
+    case "$limit" in ''|*[!0-9]*) echo "session: wait takes whole seconds, not '$limit'"; exit 2;; esac
+    if [ -n "$job" ] && ! cut -f1 "$SESS/queue.txt" 2>/dev/null | grep -qxF -- "$job"; then
+      echo "session: no job '$job' in the running queue ($SESS/queue.txt)"; exit 2
+    fi
+    _job_ended() { [ -n "$job" ] && cut -d' ' -f1 "$SESS/status" 2>/dev/null | grep -qxF -- "$job"; }
+    while [ ! -f "$SESS/ended" ] && ! _job_ended && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
       kill -0 "$(cat "$SESS/pid" 2>/dev/null)" 2>/dev/null || break; sleep 5
     done
+    if [ -n "$job" ]; then echo "session: job $job $(_job_ended && echo ended || echo 'not ended')"; fi
     echo "session: $( [ -f "$SESS/ended" ] && echo ended || echo "running $(cat "$SESS/current" 2>/dev/null)")"
     cat "$SESS/status" 2>/dev/null
     tail -5 "$SESS/$(cat "$SESS/current" 2>/dev/null || echo none)/log.txt" 2>/dev/null

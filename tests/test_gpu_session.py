@@ -87,6 +87,29 @@ def test_a_queue_runs_its_jobs_in_order_and_records_each_status(tmp_path):
     assert [line.split()[:2] for line in status if line] == [["ok", "0"], ["fails", "3"], ["slow", "124"]]
 
 
+def test_wait_for_a_job_returns_when_that_job_ends_not_when_the_queue_does(tmp_path):
+    """`wait SECONDS JOB` returns once JOB's status line is written, with the next job running (a session whose
+    budget cannot hold the next part gives the machine back then); a name not in the queue is a one-line error."""
+    checkout = tmp_path / "checkout"
+    (checkout / "gpu").mkdir(parents=True)
+    shutil.copy(SESSION, checkout / "gpu" / "session.sh")
+    (checkout / "queue.txt").write_text("# two parts\nfirst\t30\tsleep 1\nsecond\t120\tsleep 100\n")
+    try:
+        assert _session(tmp_path, "start", "queue.txt").returncode == 0
+        bad = _session(tmp_path, "wait", "5", "third")
+        assert bad.returncode == 2 and bad.stdout.strip().splitlines() == [
+            f"session: no job 'third' in the running queue ({tmp_path / 'root' / 'sdsess' / 'queue.txt'})"]
+        assert _session(tmp_path, "wait", "soon", "first").returncode == 2
+        t0 = time.time()
+        waited = _session(tmp_path, "wait", "90", "first")
+        assert time.time() - t0 < 30, waited.stdout  # not the 90 s, and not the second job's 100 s
+        lines = waited.stdout.splitlines()
+        assert lines[:2] == ["session: job first ended", "session: running second"], waited.stdout
+        assert lines[2].split()[:2] == ["first", "0"] and len(lines[2].split()) == 3  # name, rc, seconds
+    finally:
+        _session(tmp_path, "stop", STOP_GRACE_S="2")
+
+
 CARD_SWEEP = REPO_ROOT / "gpu" / "card_sweep.sh"
 
 
