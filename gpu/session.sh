@@ -89,10 +89,11 @@ case "$cmd" in
   wait)
     limit=${2:?seconds}; job=${3:-}; t0=$(date +%s)
     case "$limit" in ''|*[!0-9]*) echo "session: wait takes whole seconds, not '$limit'"; exit 2;; esac
-    if [ -n "$job" ] && ! cut -f1 "$SESS/queue.txt" 2>/dev/null | grep -qxF -- "$job"; then
+    if [ -n "$job" ] && ! grep -v '^#' "$SESS/queue.txt" 2>/dev/null | cut -f1 | grep -qxF -- "$job"; then
       echo "session: no job '$job' in the running queue ($SESS/queue.txt)"; exit 2
     fi
-    _job_ended() { [ -n "$job" ] && cut -d' ' -f1 "$SESS/status" 2>/dev/null | grep -qxF -- "$job"; }
+    # a status line is `name rc seconds`; the name may hold spaces, so strip the last two fields
+    _job_ended() { [ -n "$job" ] && sed -E 's/ -?[0-9]+ [0-9]+$//' "$SESS/status" 2>/dev/null | grep -qxF -- "$job"; }
     while [ ! -f "$SESS/ended" ] && ! _job_ended && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
       kill -0 "$(cat "$SESS/pid" 2>/dev/null)" 2>/dev/null || break; sleep 5
     done

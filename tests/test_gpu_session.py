@@ -93,19 +93,25 @@ def test_wait_for_a_job_returns_when_that_job_ends_not_when_the_queue_does(tmp_p
     checkout = tmp_path / "checkout"
     (checkout / "gpu").mkdir(parents=True)
     shutil.copy(SESSION, checkout / "gpu" / "session.sh")
-    (checkout / "queue.txt").write_text("# two parts\nfirst\t30\tsleep 1\nsecond\t120\tsleep 100\n")
+    (checkout / "queue.txt").write_text("# two parts\nfirst part\t30\tsleep 1\nfirst part 2\t120\tsleep 100\n")
     try:
         assert _session(tmp_path, "start", "queue.txt").returncode == 0
-        bad = _session(tmp_path, "wait", "5", "third")
-        assert bad.returncode == 2 and bad.stdout.strip().splitlines() == [
-            f"session: no job 'third' in the running queue ({tmp_path / 'root' / 'sdsess' / 'queue.txt'})"]
-        assert _session(tmp_path, "wait", "soon", "first").returncode == 2
+        queue = tmp_path / "root" / "sdsess" / "queue.txt"
+        for name in ("third", "first", "# two parts"):  # not a job, a prefix of two, a comment line
+            bad = _session(tmp_path, "wait", "5", name)
+            assert bad.returncode == 2 and bad.stdout.splitlines() == [
+                f"session: no job '{name}' in the running queue ({queue})"], bad.stdout
+        soon = _session(tmp_path, "wait", "soon", "first part")
+        assert soon.returncode == 2 and soon.stdout.splitlines() == ["session: wait takes whole seconds, not 'soon'"]
         t0 = time.time()
-        waited = _session(tmp_path, "wait", "90", "first")
+        waited = _session(tmp_path, "wait", "90", "first part")
         assert time.time() - t0 < 30, waited.stdout  # not the 90 s, and not the second job's 100 s
         lines = waited.stdout.splitlines()
-        assert lines[:2] == ["session: job first ended", "session: running second"], waited.stdout
-        assert lines[2].split()[:2] == ["first", "0"] and len(lines[2].split()) == 3  # name, rc, seconds
+        assert lines[0] == "session: job first part ended" and "first part 0 " in waited.stdout, waited.stdout
+        # the second job, whose name the first one's begins, has not ended: waiting for it runs to the limit
+        t0 = time.time()
+        second = _session(tmp_path, "wait", "6", "first part 2")
+        assert time.time() - t0 >= 5 and second.stdout.splitlines()[0] == "session: job first part 2 not ended"
     finally:
         _session(tmp_path, "stop", STOP_GRACE_S="2")
 
