@@ -236,8 +236,8 @@ def test_06_powered_blocks_say_which_blocks_are_compared(notebook_runs):
 
 
 def test_06_powered_tables_of_the_h100_headline_are_the_analysis(notebook_runs):
-    """The headline's tables that README and FINDINGS quote (each policy over the best fixed arm, over the fixed arm
-    of its own engine, the A/A pairs) are powered_tables of the sweep, ratios, intervals and verdicts (at the
+    """The headline's tables that README and FINDINGS quote (each policy over the best fixed arm, each other fixed
+    arm over it, each policy over the fixed arm of its own engine, the A/A pairs) are powered_tables of the sweep, ratios, intervals and verdicts (at the
     notebook run's replicates: the tests run notebooks with N_BOOT = TEST_N_BOOT)."""
     from sdlib.analysis.powered import powered_tables
 
@@ -245,7 +245,7 @@ def test_06_powered_tables_of_the_h100_headline_are_the_analysis(notebook_runs):
     t = powered_tables(f"data/sweeps/{name}", n_boot=notebook_runs.n_boot)  # the replicates the notebook ran with
     if t["headline"].empty:
         pytest.skip(f"{name}: no whole block in this checkout")
-    for table in ("headline", "same_engine", "aa"):
+    for table in ("headline", "fixed", "same_engine", "aa"):
         got = notebook_runs.csv("06_trace_replay", f"06_trace_replay__powered_{table}__sweep={name}.csv")
         keys = ["dataset", "batch_size", "arm"]
         got, want = got.sort_values(keys).reset_index(drop=True), t[table].sort_values(keys).reset_index(drop=True)

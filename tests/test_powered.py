@@ -429,6 +429,40 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     sp = _h100_headline_table("speedups", "gsm8k").query("batch_size == 1").set_index("arm")
     k3, k5 = sp.loc["eagle3-k3-fixed-eagle3-k3"], sp.loc["eagle3-k5-fixed-eagle3-k5"]
     assert k5["ratio_hi"] > k3["ratio_lo"] and k3["ratio"] > k5["ratio"]
+    # ... but paired, fixed k = 5 is established behind k = 3, and Oracle Proposal's ratio over the best fixed arm
+    # is that cost (it is level with k = 5 on its engine)
+    fixed = _h100_headline_table("fixed", "gsm8k").query("batch_size == 1").set_index("arm")
+    k5_k3 = fixed.loc["eagle3-k5-fixed-eagle3-k5"]
+    assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
+    assert k5_k3["ratio"] == pytest.approx(h.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
+
+
+
+def test_fixed_table_splits_a_policys_ratio_over_the_best_fixed_arm_in_two():
+    """fixed_table: each other fixed arm (no A/A twin) over the block's best fixed arm, the one headline_table
+    divides by; in a whole block every arm ran the same units, so a policy over the best fixed arm is exactly its
+    ratio over its own engine's fixed arm times that arm's ratio over the best (points; not the intervals)."""
+    t = P.powered_tables("data/sweeps/h100_v034_headline", n_boot=50)
+    f, h, se, arms = t["fixed"], t["headline"], t["same_engine"], t["arms"]
+    twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
+    fixed_arms = set(arms.loc[(arms["family"] == "fixed"), "method_label"]) - twins
+    assert len(f) and (f["family"] == "fixed").all() and not f["arm"].isin(twins).any()
+    for (ds, bs), blk in f.groupby(["dataset", "batch_size"]):
+        best = h[(h["dataset"] == ds) & (h["batch_size"] == bs)]["best_fixed"].unique()
+        assert len(best) == 1 and (blk["reference"] == best[0]).all() and (blk["best_fixed"] == best[0]).all()
+        assert set(blk["arm"]) == fixed_arms - {best[0]}
+        # the best fixed arm is the one with the highest speedup point: every other one's speedup is lower
+        sp = t["speedups"].query("dataset == @ds and batch_size == @bs").set_index("arm")["ratio"]
+        assert (sp[list(blk["arm"])] < sp[best[0]]).all()
+    hr = h.set_index(["dataset", "batch_size", "arm"])["ratio"]
+    fr = f.set_index(["dataset", "batch_size", "arm"])["ratio"]
+    split = 0
+    for r in se.itertuples():
+        best = h.set_index(["dataset", "batch_size", "arm"]).loc[(r.dataset, r.batch_size, r.arm), "best_fixed"]
+        engine = 1.0 if r.same_engine_fixed == best else fr[(r.dataset, r.batch_size, r.same_engine_fixed)]
+        split += r.same_engine_fixed != best
+        assert hr[(r.dataset, r.batch_size, r.arm)] == pytest.approx(r.ratio * engine, rel=1e-9)
+    assert split >= 20  # most policies' engines are not the best fixed arm's
 
 
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():

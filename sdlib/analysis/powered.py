@@ -33,7 +33,7 @@ a percentile interval over a handful of clusters is far too narrow.
 Usage:
     from sdlib.analysis.powered import powered_tables
     t = powered_tables("data/sweeps/h200_powered_ngram")
-    # {"units", "arms", "speedups", "aa", "headline", "same_engine", "versus", "starts", "blocks"}
+    # {"units", "arms", "speedups", "aa", "headline", "fixed", "same_engine", "versus", "starts", "blocks"}
 """
 
 from __future__ import annotations
@@ -216,24 +216,45 @@ def _over(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, reference: str,
     return pd.DataFrame(rows)
 
 
+def _over_best_fixed(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedups: pd.DataFrame,
+                     fixed_arms: bool, n_boot: int) -> pd.DataFrame:
+    """Per (dataset, batch size): the policy arms (``fixed_arms`` False) or the other fixed arms (True) over the
+    block's best fixed arm (the fixed arm with the highest speedup point; A/A twins left out), paired;
+    ``best_fixed`` names it."""
+    twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
+    fam = dict(zip(arms["method_label"], arms["family"]))
+    rows = []
+    for (ds, bs), sp in speedups.groupby(["dataset", "batch_size"]):
+        sp = sp[~sp["arm"].isin(twins)]
+        fixed = sp[sp["family"] == "fixed"]
+        if fixed.empty:
+            continue
+        best = fixed.loc[fixed["ratio"].idxmax(), "arm"]
+        which = fixed["arm"][fixed["arm"] != best] if fixed_arms else sp.loc[~sp["family"].isin(["fixed", "none"]),
+                                                                              "arm"]
+        for a in which:
+            row = compare(u, ds, int(bs), a, best, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
+            rows.append({**row, "family": fam.get(a), "best_fixed": best})
+    return pd.DataFrame(rows)
+
+
 def headline_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedups: pd.DataFrame,
                    n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per (dataset, batch size): every non-fixed arm over the best fixed arm of that block (the fixed arm with
     the highest speedup point; A/A twins excluded), paired; ``best_fixed`` names it. The choice of the best
     fixed arm uses the same data, which favours it slightly: a policy called ahead of it is ahead of the
     strongest fixed arm this sweep measured."""
-    twins = set(arms.loc[arms["aa_of"].notna(), "method_label"])
-    fam = dict(zip(arms["method_label"], arms["family"]))
-    rows = []
-    for (ds, bs), sp in speedups.groupby(["dataset", "batch_size"]):
-        fixed = sp[(sp["family"] == "fixed") & ~sp["arm"].isin(twins)]
-        if fixed.empty:
-            continue
-        best = fixed.loc[fixed["ratio"].idxmax(), "arm"]
-        for a in sp.loc[~sp["family"].isin(["fixed", "none"]) & ~sp["arm"].isin(twins), "arm"]:
-            row = compare(u, ds, int(bs), a, best, n_boot=n_boot, **aa_gate(aa, ds, int(bs)))
-            rows.append({**row, "family": fam.get(a), "best_fixed": best})
-    return pd.DataFrame(rows)
+    return _over_best_fixed(u, arms, aa, speedups, False, n_boot)
+
+
+def fixed_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedups: pd.DataFrame,
+                n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """Per (dataset, batch size): every other fixed arm (A/A twins left out) over the block's best fixed arm,
+    paired like :func:`headline_table`. With :func:`same_engine_table` it splits a policy's ratio over the best
+    fixed arm in two: on units every arm ran, ``policy / best = (policy / its engine's fixed arm) x (that fixed
+    arm / best)``, the second factor being what the policy's engine's K costs against the best k. The ratio of
+    two fixed arms' speedups over no SD is not this: those are two unpaired intervals."""
+    return _over_best_fixed(u, arms, aa, speedups, True, n_boot)
 
 
 def same_engine_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame,
@@ -324,7 +345,8 @@ def block_status(runs: pd.DataFrame, provenance: dict) -> pd.DataFrame:
 def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
                    baseline: Optional[str] = "none") -> dict[str, pd.DataFrame]:
     """``units``, ``arms`` (:func:`arm_info`), ``speedups`` (each arm over no SD), ``aa`` (A/A twins, drift,
-    MDE), ``headline`` (each policy over the best fixed arm), ``same_engine`` (each policy over the fixed arm of
+    MDE), ``headline`` (each policy over the best fixed arm), ``fixed`` (each other fixed arm over the best one:
+    :func:`fixed_table`), ``same_engine`` (each policy over the fixed arm of
     its own engine: :func:`same_engine_table`), ``versus`` (each SD arm over each replayed
     shipped rule, family ``baseline``: :func:`versus_table`; empty without one) and ``starts`` (each arm's later
     engine starts over its first: :func:`start_table`) of one powered sweep's current cells, in its complete
@@ -341,14 +363,15 @@ def powered_tables(sweep_dir: str | Path, n_boot: int = bootstrap.N_BOOT,
     u = units(request_rates(runs, requests))
     if u.empty:  # no block complete yet: nothing to compare
         return {"units": u, "arms": arms, "speedups": pd.DataFrame(), "aa": pd.DataFrame(),
-                "headline": pd.DataFrame(), "same_engine": pd.DataFrame(), "versus": pd.DataFrame(),
+                "headline": pd.DataFrame(), "fixed": pd.DataFrame(), "same_engine": pd.DataFrame(),
+                "versus": pd.DataFrame(),
                 "starts": pd.DataFrame(), "blocks": blocks}
     aa = aa_table(u, arms, n_boot)
     sp = speedup_table(u, arms, aa, baseline, n_boot)
     rules = arms.loc[(arms["family"] == "baseline") & arms["aa_of"].isna(), "method_label"]
     vs = [versus_table(u, arms, aa, r, n_boot) for r in rules]
     return {"units": u, "arms": arms, "speedups": sp, "aa": aa, "headline": headline_table(u, arms, aa, sp, n_boot),
-            "same_engine": same_engine_table(u, arms, aa, n_boot),
+            "fixed": fixed_table(u, arms, aa, sp, n_boot), "same_engine": same_engine_table(u, arms, aa, n_boot),
             "versus": pd.concat(vs, ignore_index=True) if vs else pd.DataFrame(), "starts": start_table(u),
             "blocks": blocks}
 
