@@ -236,9 +236,10 @@ def test_06_powered_blocks_say_which_blocks_are_compared(notebook_runs):
 
 
 def test_06_powered_tables_of_the_h100_headline_are_the_analysis(notebook_runs):
-    """The headline's tables that README and FINDINGS quote (each policy over the best fixed arm, each other fixed
-    arm over it, each policy over the fixed arm of its own engine, the A/A pairs) are powered_tables of the sweep, ratios, intervals and verdicts (at the
-    notebook run's replicates: the tests run notebooks with N_BOOT = TEST_N_BOOT)."""
+    """The headline's tables that README and FINDINGS quote (each policy over the best fixed arm, each other
+    fixed arm over it, each policy over the fixed arm of its own engine, the A/A pairs) are powered_tables of the
+    sweep, ratios, intervals and verdicts (at the notebook run's replicates: the tests run notebooks with
+    N_BOOT = TEST_N_BOOT)."""
     from sdlib.analysis.powered import powered_tables
 
     name = "h100_v034_headline"

@@ -301,7 +301,6 @@ def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
     assert 1 < c32["ratio_lo"] < 1 + c32["aa_drift"]  # excludes 1, but not by the drift
 
 
-
 def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states():
     """FINDINGS (06) says of the H100 headline's CNN/DailyMail blocks (both starts on the fourteenth session's H100,
     which slowed down during start 1), and README in part, from notebook 06's committed tables: both A/A intervals
@@ -388,7 +387,8 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     interval contains 1 and the block detects the smallest difference of all; the best fixed arm is EAGLE-3 k = 3;
     Oracle Proposal, the online policy and ADAPTIVE are established behind it, Oracle Combine and Dynamic SD neither
     way; on their own engines Oracle Combine is established ahead of fixed k = 5, the online policy and ADAPTIVE
-    behind theirs, Oracle Proposal and Dynamic SD neither way; start 1 ran faster than start 0, every arm alike."""
+    behind theirs, Oracle Proposal and Dynamic SD neither way; paired, fixed k = 5 is established behind k = 3 (the
+    K = 5 engine's cost, Oracle Proposal's place); start 1 ran faster than start 0, every arm alike."""
     head, aa, same, blocks, starts = (_h100_headline_table(n, "gsm8k").query("batch_size == 1")
                                       for n in ("headline", "aa", "same_engine", "blocks", "starts"))
     assert len(blocks) == 1 and blocks["complete"].all()
@@ -425,7 +425,7 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     assert comb["simulated"].between(comb["ratio_lo"], comb["ratio_hi"]).all()
     assert (prop["simulated"] > prop["ratio_hi"]).all()
     assert (lin["fixed_overprediction"].abs() < 0.05).all()  # the fixed cell itself: 1-2%, not InstructCoder's 17%
-    # the two best fixed arms' intervals over no SD overlap, so which K the policies' engine costs is not shown
+    # unpaired, the two best fixed arms' intervals over no SD overlap...
     sp = _h100_headline_table("speedups", "gsm8k").query("batch_size == 1").set_index("arm")
     k3, k5 = sp.loc["eagle3-k3-fixed-eagle3-k3"], sp.loc["eagle3-k5-fixed-eagle3-k5"]
     assert k5["ratio_hi"] > k3["ratio_lo"] and k3["ratio"] > k5["ratio"]
@@ -435,7 +435,6 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     k5_k3 = fixed.loc["eagle3-k5-fixed-eagle3-k5"]
     assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
     assert k5_k3["ratio"] == pytest.approx(h.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
-
 
 
 def test_fixed_table_splits_a_policys_ratio_over_the_best_fixed_arm_in_two():

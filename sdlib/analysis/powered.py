@@ -251,9 +251,11 @@ def fixed_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedups:
                 n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per (dataset, batch size): every other fixed arm (A/A twins left out) over the block's best fixed arm,
     paired like :func:`headline_table`. With :func:`same_engine_table` it splits a policy's ratio over the best
-    fixed arm in two: on units every arm ran, ``policy / best = (policy / its engine's fixed arm) x (that fixed
-    arm / best)``, the second factor being what the policy's engine's K costs against the best k. The ratio of
-    two fixed arms' speedups over no SD is not this: those are two unpaired intervals."""
+    fixed arm in two, ``policy / best = (policy / its engine's fixed arm) x (that fixed arm / best)``, the second
+    factor being what the policy's engine (its drafter and K) costs against the best fixed arm; where the
+    engine's fixed arm is the best one it has no row here, and the factor is 1. The points multiply exactly when
+    the three arms ran the same units (a whole block in which no arm lost a prompt); the intervals do not. Two
+    fixed arms' speedups over no SD divide to the same point on the same units, but as two unpaired intervals."""
     return _over_best_fixed(u, arms, aa, speedups, True, n_boot)
 
 
