@@ -464,6 +464,38 @@ def test_fixed_table_splits_a_policys_ratio_over_the_best_fixed_arm_in_two():
     assert split >= 20  # most policies' engines are not the best fixed arm's
 
 
+
+def test_verdicts_name_the_direction_only_of_established_differences():
+    """verdicts: "ahead" / "behind" where ``established`` and the interval lies above / below 1; an interval that
+    excludes 1 but is not established (within the A/A drift, or a failed A/A check) is "not established"."""
+    t = pd.DataFrame({"ratio": [1.2, 0.8, 1.05, 0.97, 1.0], "ratio_lo": [1.1, 0.7, 1.01, 0.95, 0.9],
+                      "ratio_hi": [1.3, 0.9, 1.09, 0.99, 1.1],
+                      "established": [True, True, False, False, False]})
+    assert P.verdicts(t)["verdict"].tolist() == ["ahead", "behind", "not established", "not established",
+                                                 "not established"]
+    head = P.verdicts(_h100_headline_table("headline"))
+    assert set(head["verdict"]) <= set(P.VERDICTS)
+    assert (head["verdict"] != "not established").sum() == head["established"].sum()
+    # FINDINGS (06) sums up the H100 headline's ten blocks: 3 ahead, 24 behind, 23 not established
+    assert head["verdict"].value_counts().to_dict() == {"ahead": 3, "behind": 24, "not established": 23}
+    ahead = head[head["verdict"] == "ahead"]
+    assert sorted(zip(ahead["dataset"], ahead["batch_size"], ahead["arm"])) == [
+        ("instructcoder", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-online"),
+        ("instructcoder", 32, "eagle3-k5-combine")]
+    # the matrix figure draws one cell per (block, arm), coloured by its verdict
+    from sdlib.plots.replay import VERDICT_COLOURS, plot_verdicts
+    fig = plot_verdicts(head, "test")
+    ax = fig.axes[0]
+    colours = [p.get_facecolor() for p in ax.patches]
+    assert len(colours) == len(head.drop_duplicates(["dataset", "batch_size"])) * head["arm"].nunique()
+    from matplotlib.colors import to_rgba
+    want = sorted(head["verdict"].map(lambda v: to_rgba(VERDICT_COLOURS[v])).tolist())
+    assert sorted(colours) == want
+    assert any("1.156" in txt.get_text() for txt in ax.texts)  # InstructCoder bs 1's Combine
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():
     """start_table: per arm, the sum of its start-1 rates over the sum of its start-0 rates on the (repeat, prompt)
     units both starts ran, and the block's median / min / max over its arms."""

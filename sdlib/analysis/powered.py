@@ -259,6 +259,19 @@ def fixed_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame, speedups:
     return _over_best_fixed(u, arms, aa, speedups, True, n_boot)
 
 
+#: What :func:`verdicts` calls a comparison: established ahead of its reference, behind it, or neither.
+VERDICTS = ("ahead", "behind", "not established")
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """A comparison table's rows (``headline``, ``fixed``, ``same_engine``) with ``verdict``: "ahead" where the
+    difference is established and its interval lies above 1, "behind" where established and below 1, else "not
+    established" (the A/A rule decides, in ``established``; the interval's side names the direction)."""
+    est = table["established"].astype(bool)
+    v = np.where(est & (table["ratio_lo"] > 1), VERDICTS[0], np.where(est & (table["ratio_hi"] < 1), VERDICTS[1],
+                                                                      VERDICTS[2]))
+    return table.assign(verdict=v)
+
 def same_engine_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame,
                       n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per (dataset, batch size): every policy arm (not fixed, not no SD, not an A/A twin) over the fixed arm that

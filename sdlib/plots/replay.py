@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import textwrap
 from typing import Optional, Sequence
 
@@ -275,6 +276,67 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.13 * len(lines) / fig.get_size_inches()[1]))  # 9 pt: ~0.13 in a line
     return fig
 
+
+#: Colours of :func:`plot_verdicts`' cells, by verdict (:data:`sdlib.analysis.powered.VERDICTS`).
+VERDICT_COLOURS = {"ahead": "#8fd19e", "behind": "#f4a6a6", "not established": "#e6e6e6"}
+
+
+def plot_verdicts(table: pd.DataFrame, title: str):
+    """Every (dataset, batch size) block of a powered sweep in one matrix, a column per block and a row per arm:
+    each cell gives the arm's paired ratio over the block's reference (``best_fixed`` in the headline) with its
+    95% interval, coloured by its verdict (``verdict``, :func:`sdlib.analysis.powered.verdicts`): established
+    ahead, established behind, or not established."""
+    blocks = list(table[["dataset", "batch_size"]].drop_duplicates().sort_values(["dataset", "batch_size"])
+                  .itertuples(index=False, name=None))
+    arms = list(dict.fromkeys(table["arm"]))
+    ref = "best_fixed" if "best_fixed" in table else "reference"
+    width = max(6.5, 1.25 * len(blocks) + 2.4)
+    chars = int(width * 12)  # about what a line of 9-point text holds across the figure
+    lines = [part for line in title.split("\n") for part in textwrap.wrap(line, chars)]
+    height = 0.62 * len(arms) + 1.6 + 0.16 * len(lines)  # rows, the blocks' labels and the legend, the title
+    fig, axes = new_figure(1, 1, width=width, height=height)
+    ax = axes[0][0]
+    ax.grid(False)
+    for j, (ds, bs) in enumerate(blocks):
+        for i, arm in enumerate(arms):
+            r = table[(table["dataset"] == ds) & (table["batch_size"] == bs) & (table["arm"] == arm)]
+            if r.empty:
+                ax.add_patch(_rect(j, i, "white"))
+                continue
+            r = r.iloc[0]
+            ax.add_patch(_rect(j, i, VERDICT_COLOURS[r.verdict]))
+            ax.text(j, i, f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]", ha="center", va="center",
+                    fontsize=6.5)
+    refs = [table[(table["dataset"] == ds) & (table["batch_size"] == bs)][ref].iloc[0] for ds, bs in blocks]
+    ax.set_xticks(range(len(blocks)), [f"{ds}\nbs {bs}\nover {_short_arm(rf)}" for (ds, bs), rf in zip(blocks, refs)],
+                  fontsize=6.5)
+    ax.set_yticks(range(len(arms)), arms, fontsize=7.5)
+    ax.set_xlim(-0.5, len(blocks) - 0.5)
+    ax.set_ylim(len(arms) - 0.5, -0.5)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    from matplotlib.patches import Patch  # deferred: matplotlib is slow to import
+    fig.legend(handles=[Patch(facecolor=c, edgecolor="0.5", label=v) for v, c in VERDICT_COLOURS.items()],
+               loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.suptitle("\n".join(lines), fontsize=9)
+    # placed by hand (tight_layout squeezes a one-row matrix): the arms' names at left (7.5 pt: ~0.065 in a
+    # character), the blocks' three-line labels and the legend below (~0.95 in), the title above (~0.16 in a line)
+    left = (0.065 * max(len(a) for a in arms) + 0.25) / width
+    fig.subplots_adjust(left=left, right=1 - 0.15 / width, bottom=0.95 / height,
+                        top=1 - (0.16 * len(lines) + 0.2) / height)
+    return fig
+
+
+def _short_arm(label: str) -> str:
+    """A fixed arm's label without its engine repeated: ``eagle3-k5-fixed-eagle3-k5`` -> ``eagle3-k5 fixed``."""
+    m = re.fullmatch(r"(.+)-fixed-\1", label)
+    return f"{m.group(1)} fixed" if m else label
+
+
+def _rect(j: int, i: int, colour: str):
+    from matplotlib.patches import Rectangle  # deferred: matplotlib is slow to import
+    return Rectangle((j - 0.48, i - 0.46), 0.96, 0.92, facecolor=colour, edgecolor="white")
 
 def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFrame, tokens: pd.DataFrame,
                      title: str):
