@@ -464,7 +464,6 @@ def test_fixed_table_splits_a_policys_ratio_over_the_best_fixed_arm_in_two():
     assert split >= 20  # most policies' engines are not the best fixed arm's
 
 
-
 def test_verdicts_name_the_direction_only_of_established_differences():
     """verdicts: "ahead" / "behind" where ``established`` and the interval lies above / below 1; an interval that
     excludes 1 but is not established (within the A/A drift, or a failed A/A check) is "not established"."""
@@ -482,18 +481,32 @@ def test_verdicts_name_the_direction_only_of_established_differences():
     assert sorted(zip(ahead["dataset"], ahead["batch_size"], ahead["arm"])) == [
         ("instructcoder", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-online"),
         ("instructcoder", 32, "eagle3-k5-combine")]
-    # the matrix figure draws one cell per (block, arm), coloured by its verdict
-    from sdlib.plots.replay import VERDICT_COLOURS, plot_verdicts
+    with pytest.raises(ValueError, match="contains 1"):  # marked established with an interval around 1
+        P.verdicts(t.assign(established=True))
+    # the matrix figure: one cell per (block, arm), at column = block (sorted), row = arm, coloured by its verdict
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+    from sdlib.plots.replay import VERDICT_COLORS, plot_verdicts
+    ahead, behind = to_rgba(VERDICT_COLORS["ahead"]), to_rgba(VERDICT_COLORS["behind"])
+    assert ahead[1] > ahead[0] and behind[0] > behind[1]  # ahead green, behind red
     fig = plot_verdicts(head, "test")
     ax = fig.axes[0]
-    colours = [p.get_facecolor() for p in ax.patches]
-    assert len(colours) == len(head.drop_duplicates(["dataset", "batch_size"])) * head["arm"].nunique()
-    from matplotlib.colors import to_rgba
-    want = sorted(head["verdict"].map(lambda v: to_rgba(VERDICT_COLOURS[v])).tolist())
-    assert sorted(colours) == want
-    assert any("1.156" in txt.get_text() for txt in ax.texts)  # InstructCoder bs 1's Combine
-    import matplotlib.pyplot as plt
+    blocks = sorted(set(zip(head["dataset"], head["batch_size"])))
+    arms = list(dict.fromkeys(head["arm"]))
+    at = {(round(p.get_x() + 0.48), round(p.get_y() + 0.46)): p.get_facecolor() for p in ax.patches}
+    texts = {(round(x.get_position()[0]), round(x.get_position()[1])): x.get_text() for x in ax.texts}
+    assert len(at) == len(blocks) * len(arms)
+    for r in head.itertuples():
+        cell = (blocks.index((r.dataset, r.batch_size)), arms.index(r.arm))
+        assert at[cell] == to_rgba(VERDICT_COLORS[r.verdict])
+        assert texts[cell] == f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]"
     plt.close(fig)
+    # an arm missing from a block leaves its cell white; a table of several references per block is refused
+    fig = plot_verdicts(head.drop(head.index[0]), "test")
+    assert sum(p.get_facecolor() == to_rgba("white") for p in fig.axes[0].patches) == 1
+    plt.close(fig)
+    with pytest.raises(ValueError, match="more than one reference"):
+        plot_verdicts(P.verdicts(_h100_headline_table("same_engine")), "test")
 
 
 def test_start_table_divides_each_arms_later_start_by_its_first_paired_on_repeat_and_prompt():

@@ -268,9 +268,13 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     difference is established and its interval lies above 1, "behind" where established and below 1, else "not
     established" (the A/A rule decides, in ``established``; the interval's side names the direction)."""
     est = table["established"].astype(bool)
+    both = est & ~(table["ratio_lo"] > 1) & ~(table["ratio_hi"] < 1)
+    if both.any():  # established() cannot give this (its drift is never negative): a table edited by hand
+        raise ValueError(f"verdicts: {int(both.sum())} row(s) marked established whose interval contains 1")
     v = np.where(est & (table["ratio_lo"] > 1), VERDICTS[0], np.where(est & (table["ratio_hi"] < 1), VERDICTS[1],
                                                                       VERDICTS[2]))
     return table.assign(verdict=v)
+
 
 def same_engine_table(u: pd.DataFrame, arms: pd.DataFrame, aa: pd.DataFrame,
                       n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import textwrap
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib.patches import Patch, Rectangle
 
+from sdlib.analysis.powered import VERDICTS
 from sdlib.plots.bounds import REFERENCE_STACK, plot_bounds_stack
 from sdlib.plots.style import interval_bars, log_axis_plain, new_figure
 from sdlib.store.provenance import recorded_engine
@@ -277,36 +278,41 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
     return fig
 
 
-#: Colours of :func:`plot_verdicts`' cells, by verdict (:data:`sdlib.analysis.powered.VERDICTS`).
-VERDICT_COLOURS = {"ahead": "#8fd19e", "behind": "#f4a6a6", "not established": "#e6e6e6"}
+#: Colours of :func:`plot_verdicts`' cells, by verdict (:data:`sdlib.analysis.powered.VERDICTS`: ahead, behind,
+#: not established).
+VERDICT_COLORS = dict(zip(VERDICTS, ("#8fd19e", "#f4a6a6", "#e6e6e6")))
 
 
 def plot_verdicts(table: pd.DataFrame, title: str):
     """Every (dataset, batch size) block of a powered sweep in one matrix, a column per block and a row per arm:
-    each cell gives the arm's paired ratio over the block's reference (``best_fixed`` in the headline) with its
-    95% interval, coloured by its verdict (``verdict``, :func:`sdlib.analysis.powered.verdicts`): established
-    ahead, established behind, or not established."""
-    blocks = list(table[["dataset", "batch_size"]].drop_duplicates().sort_values(["dataset", "batch_size"])
-                  .itertuples(index=False, name=None))
-    arms = list(dict.fromkeys(table["arm"]))
+    each cell gives the arm's paired ratio over the block's reference (``best_fixed`` in the headline, else
+    ``reference``, which must then be one arm per block) with its 95% interval, coloured by its verdict
+    (``verdict``, :func:`sdlib.analysis.powered.verdicts`): established ahead, established behind, or not
+    established. An arm with no row in a block leaves its cell white."""
     ref = "best_fixed" if "best_fixed" in table else "reference"
+    per_block = table.groupby(["dataset", "batch_size"])[ref].nunique()
+    if (per_block > 1).any():
+        raise ValueError(f"plot_verdicts: a block has more than one {ref} (one column is one reference); "
+                         f"draw a table of one reference per block (the headline's best fixed arm)")
+    blocks = list(per_block.index)
+    arms = list(dict.fromkeys(table["arm"]))
     width = max(6.5, 1.25 * len(blocks) + 2.4)
     chars = int(width * 12)  # about what a line of 9-point text holds across the figure
     lines = [part for line in title.split("\n") for part in textwrap.wrap(line, chars)]
-    height = 0.62 * len(arms) + 1.6 + 0.16 * len(lines)  # rows, the blocks' labels and the legend, the title
-    fig, axes = new_figure(1, 1, width=width, height=height)
+    # the rows, the blocks' labels below them, the title above (9 pt: ~0.16 in a line)
+    fig, axes = new_figure(1, 1, width=width, height=0.62 * len(arms) + 1.5 + 0.16 * len(lines))
     ax = axes[0][0]
     ax.grid(False)
     for j, (ds, bs) in enumerate(blocks):
         for i, arm in enumerate(arms):
             r = table[(table["dataset"] == ds) & (table["batch_size"] == bs) & (table["arm"] == arm)]
-            if r.empty:
-                ax.add_patch(_rect(j, i, "white"))
-                continue
-            r = r.iloc[0]
-            ax.add_patch(_rect(j, i, VERDICT_COLOURS[r.verdict]))
-            ax.text(j, i, f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]", ha="center", va="center",
-                    fontsize=6.5)
+            ax.add_patch(Rectangle((j - 0.48, i - 0.46), 0.96, 0.92, edgecolor="white",
+                                   facecolor=VERDICT_COLORS[r["verdict"].iloc[0]] if len(r) else "white"))
+            if len(r):
+                r = r.iloc[0]
+                text = (f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]" if np.isfinite(r.ratio)
+                        and np.isfinite(r.ratio_lo) and np.isfinite(r.ratio_hi) else "n/a")
+                ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
     refs = [table[(table["dataset"] == ds) & (table["batch_size"] == bs)][ref].iloc[0] for ds, bs in blocks]
     ax.set_xticks(range(len(blocks)), [f"{ds}\nbs {bs}\nover {_short_arm(rf)}" for (ds, bs), rf in zip(blocks, refs)],
                   fontsize=6.5)
@@ -316,27 +322,21 @@ def plot_verdicts(table: pd.DataFrame, title: str):
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    from matplotlib.patches import Patch  # deferred: matplotlib is slow to import
-    fig.legend(handles=[Patch(facecolor=c, edgecolor="0.5", label=v) for v, c in VERDICT_COLOURS.items()],
-               loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.legend(handles=[Patch(facecolor=c, edgecolor="0.5", label=v) for v, c in VERDICT_COLORS.items()],
+               loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(VERDICT_COLORS), fontsize=7, frameon=False)
     fig.suptitle("\n".join(lines), fontsize=9)
-    # placed by hand (tight_layout squeezes a one-row matrix): the arms' names at left (7.5 pt: ~0.065 in a
-    # character), the blocks' three-line labels and the legend below (~0.95 in), the title above (~0.16 in a line)
-    left = (0.065 * max(len(a) for a in arms) + 0.25) / width
-    fig.subplots_adjust(left=left, right=1 - 0.15 / width, bottom=0.95 / height,
-                        top=1 - (0.16 * len(lines) + 0.2) / height)
     return fig
 
 
 def _short_arm(label: str) -> str:
-    """A fixed arm's label without its engine repeated: ``eagle3-k5-fixed-eagle3-k5`` -> ``eagle3-k5 fixed``."""
-    m = re.fullmatch(r"(.+)-fixed-\1", label)
-    return f"{m.group(1)} fixed" if m else label
+    """A fixed arm's label without its engine's name where that repeats the arm's (``eagle3-k5-fixed-eagle3-k5``
+    -> ``eagle3-k5 fixed``), else on two lines (``ngram-k10-fixed-ngram-k5`` -> ``ngram-k5 fixed`` over ``on
+    ngram-k10``)."""
+    engine, sep, policy = label.partition("-fixed-")
+    if not sep:
+        return label
+    return f"{policy} fixed" if policy == engine else f"{policy} fixed\non {engine}"
 
-
-def _rect(j: int, i: int, colour: str):
-    from matplotlib.patches import Rectangle  # deferred: matplotlib is slow to import
-    return Rectangle((j - 0.48, i - 0.46), 0.96, 0.92, facecolor=colour, edgecolor="white")
 
 def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFrame, tokens: pd.DataFrame,
                      title: str):
