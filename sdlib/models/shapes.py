@@ -128,4 +128,13 @@ def param_count(cfg: dict) -> int:
 def kv_bytes_per_token(cfg: dict, dtype_bytes: int = 2) -> int:
     """KV-cache bytes per token: 2 (K and V) x layers x kv heads x head dim x dtype bytes."""
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * hd * dtype_bytes
+    return kv_bytes(cfg["num_hidden_layers"], cfg["num_key_value_heads"], hd, dtype_bytes)
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float, tensor_parallel_size: int = 1) -> float:
+    """KV-cache bytes one token takes in one worker: 2 (K and V) x layers x the worker's KV heads x head dim x
+    dtype bytes. Under tensor parallelism each worker holds ``max(1, kv_heads // tensor_parallel_size)`` heads
+    (vLLM's ``ModelConfig.get_num_kv_heads``)."""
+    tp = int(tensor_parallel_size or 1)
+    heads_here = kv_heads if tp <= 1 else max(1, kv_heads // tp)
+    return 2 * layers * heads_here * head_dim * dtype_bytes

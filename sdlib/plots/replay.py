@@ -290,11 +290,12 @@ def plot_verdicts(table: pd.DataFrame, title: str):
     (``verdict``, :func:`sdlib.analysis.powered.verdicts`): established ahead, established behind, or not
     established. An arm with no row in a block leaves its cell white."""
     ref = "best_fixed" if "best_fixed" in table else "reference"
-    per_block = table.groupby(["dataset", "batch_size"])[ref].nunique()
-    if (per_block > 1).any():
+    per_block = table.groupby(["dataset", "batch_size"])[ref]
+    if (per_block.nunique() > 1).any():
         raise ValueError(f"plot_verdicts: a block has more than one {ref} (one column is one reference); "
                          f"draw a table of one reference per block (the headline's best fixed arm)")
-    blocks = list(per_block.index)
+    refs = per_block.first()  # the block's one reference
+    blocks = list(refs.index)
     arms = list(dict.fromkeys(table["arm"]))
     width = max(6.5, 1.25 * len(blocks) + 2.4)
     chars = int(width * 12)  # about what a line of 9-point text holds across the figure
@@ -313,8 +314,7 @@ def plot_verdicts(table: pd.DataFrame, title: str):
                 text = (f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]" if np.isfinite(r.ratio)
                         and np.isfinite(r.ratio_lo) and np.isfinite(r.ratio_hi) else "n/a")
                 ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
-    refs = [table[(table["dataset"] == ds) & (table["batch_size"] == bs)][ref].iloc[0] for ds, bs in blocks]
-    ax.set_xticks(range(len(blocks)), [f"{ds}\nbs {bs}\nover {_short_arm(rf)}" for (ds, bs), rf in zip(blocks, refs)],
+    ax.set_xticks(range(len(blocks)), [f"{ds}\nbs {bs}\nover {_short_arm(refs[(ds, bs)])}" for ds, bs in blocks],
                   fontsize=6.5)
     ax.set_yticks(range(len(arms)), arms, fontsize=7.5)
     ax.set_xlim(-0.5, len(blocks) - 0.5)

@@ -20,6 +20,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Optional
 
+from sdlib.models.shapes import kv_bytes
+
 
 @functools.lru_cache(maxsize=1)
 def _vllm_dir() -> Optional[Path]:
@@ -410,9 +412,9 @@ _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2
 def kv_bytes_per_token(cfg: dict[str, Any], dtype: str = "auto", kv_cache_dtype: str = "auto",
                        tensor_parallel_size: int = 1) -> Optional[int]:
     """Bytes of KV cache one token takes in one worker of a model of ``config.json`` ``cfg``: 2 (K and V) x layers
-    x the worker's KV heads x head size x bytes per value; None where the config does not say. Under tensor
-    parallelism each worker holds ``max(1, KV heads // tensor_parallel_size)`` heads (vLLM's
-    ``ModelConfig.get_num_kv_heads``) in a KV cache of its own, of the size the settings give."""
+    x the worker's KV heads x head size x bytes per value (:func:`sdlib.models.shapes.kv_bytes`); None where the
+    config does not say. Under tensor parallelism each worker keeps a KV cache of its own, of the size the
+    settings give."""
     try:
         layers = int(cfg["num_hidden_layers"])
         heads = int(cfg.get("num_attention_heads"))
@@ -424,5 +426,4 @@ def kv_bytes_per_token(cfg: dict[str, Any], dtype: str = "auto", kv_cache_dtype:
     if name in (None, "auto"):
         name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     size = _DTYPE_BYTES.get(str(name).replace("torch.", ""))
-    heads_here = max(1, kv_heads // max(1, int(tensor_parallel_size or 1)))
-    return None if size is None else 2 * layers * heads_here * head_dim * size
+    return None if size is None else kv_bytes(layers, kv_heads, head_dim, size, tensor_parallel_size)
