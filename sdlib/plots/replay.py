@@ -283,12 +283,14 @@ def plot_powered(headline: pd.DataFrame, aa: pd.DataFrame, title: str, ncols: in
 VERDICT_COLORS = dict(zip(VERDICTS, ("#8fd19e", "#f4a6a6", "#e6e6e6")))
 
 
-def plot_verdicts(table: pd.DataFrame, title: str):
+def plot_verdicts(table: pd.DataFrame, title: str, arm_table: Optional[pd.DataFrame] = None):
     """Every (dataset, batch size) block of a powered sweep in one matrix, a column per block and a row per arm:
     each cell gives the arm's paired ratio over the block's reference (``best_fixed`` in the headline, else
     ``reference``, which must then be one arm per block) with its 95% interval, coloured by its verdict
     (``verdict``, :func:`sdlib.analysis.powered.verdicts`): established ahead, established behind, or not
-    established. An arm with no row in a block leaves its cell white."""
+    established. An arm with no row in a block leaves its cell white. With ``arm_table``
+    (:func:`sdlib.analysis.powered.arm_info`) a reference is named by its replayed policy and its engine, from those
+    fields (a label is never parsed back: :mod:`sdlib.core.registry`)."""
     ref = "best_fixed" if "best_fixed" in table else "reference"
     per_block = table.groupby(["dataset", "batch_size"])[ref]
     if (per_block.nunique() > 1).any():
@@ -314,8 +316,10 @@ def plot_verdicts(table: pd.DataFrame, title: str):
                 text = (f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]" if np.isfinite(r.ratio)
                         and np.isfinite(r.ratio_lo) and np.isfinite(r.ratio_hi) else "n/a")
                 ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
-    ax.set_xticks(range(len(blocks)), [f"{ds}\nbs {bs}\nover {_short_arm(refs[(ds, bs)])}" for ds, bs in blocks],
-                  fontsize=6.5)
+    names = {} if arm_table is None else {a.method_label: f"{a.replay}\non {a.engine}"
+                                          for a in arm_table.itertuples() if isinstance(a.replay, str) and a.replay}
+    ax.set_xticks(range(len(blocks)), [f"{ds}\nbs {bs}\nover {names.get(refs[(ds, bs)], refs[(ds, bs)])}"
+                                       for ds, bs in blocks], fontsize=6.5)
     ax.set_yticks(range(len(arms)), arms, fontsize=7.5)
     ax.set_xlim(-0.5, len(blocks) - 0.5)
     ax.set_ylim(len(arms) - 0.5, -0.5)
@@ -326,16 +330,6 @@ def plot_verdicts(table: pd.DataFrame, title: str):
                loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(VERDICT_COLORS), fontsize=7, frameon=False)
     fig.suptitle("\n".join(lines), fontsize=9)
     return fig
-
-
-def _short_arm(label: str) -> str:
-    """A fixed arm's label without its engine's name where that repeats the arm's (``eagle3-k5-fixed-eagle3-k5``
-    -> ``eagle3-k5 fixed``), else on two lines (``ngram-k10-fixed-ngram-k5`` -> ``ngram-k5 fixed`` over ``on
-    ngram-k10``)."""
-    engine, sep, policy = label.partition("-fixed-")
-    if not sep:
-        return label
-    return f"{policy} fixed" if policy == engine else f"{policy} fixed\non {engine}"
 
 
 def plot_adaptive_ab(calls: pd.DataFrame, ratios: pd.DataFrame, table: pd.DataFrame, tokens: pd.DataFrame,
