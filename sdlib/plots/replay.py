@@ -306,13 +306,14 @@ def plot_verdicts(table: pd.DataFrame, title: str, arm_table: Optional[pd.DataFr
     fig, axes = new_figure(1, 1, width=width, height=0.62 * len(arms) + 1.5 + 0.16 * len(lines))
     ax = axes[0][0]
     ax.grid(False)
+    rows = {(r.dataset, r.batch_size, r.arm): r  # each (block, arm)'s row, looked up once per cell below
+            for r in table.drop_duplicates(["dataset", "batch_size", "arm"]).itertuples()}
     for j, (ds, bs) in enumerate(blocks):
         for i, arm in enumerate(arms):
-            r = table[(table["dataset"] == ds) & (table["batch_size"] == bs) & (table["arm"] == arm)]
+            r = rows.get((ds, bs, arm))
             ax.add_patch(Rectangle((j - 0.48, i - 0.46), 0.96, 0.92, edgecolor="white",
-                                   facecolor=VERDICT_COLORS[r["verdict"].iloc[0]] if len(r) else "white"))
-            if len(r):
-                r = r.iloc[0]
+                                   facecolor=VERDICT_COLORS[r.verdict] if r is not None else "white"))
+            if r is not None:
                 text = (f"{r.ratio:.3f}\n[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]" if np.isfinite(r.ratio)
                         and np.isfinite(r.ratio_lo) and np.isfinite(r.ratio_hi) else "n/a")
                 ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
