@@ -309,7 +309,7 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
     exclude 1 by less than the drift; at bs 128 (best fixed EAGLE-3 k = 1) Oracle Proposal, the online policy and
     ADAPTIVE are, and Combine excludes 1 by less than the drift; on the K = 5 engine no policy is established against
     fixed k = 5."""
-    def table(name):  # the bs 32 and 128 blocks
+    def table(name):  # the bs 32 and 128 blocks (bs 1 has a test of its own)
         return _h100_headline_table(name, "cnn_dailymail").query("batch_size in (32, 128)")
 
     head, aa, same, blocks = table("headline"), table("aa"), table("same_engine"), table("blocks")
@@ -329,10 +329,12 @@ def test_the_h100_headline_cnn_dailymail_verdicts_are_the_ones_the_readme_states
         e = same[(same["batch_size"] == bs) & same["arm"].str.startswith("eagle3-k5-")]
         assert len(e) == 3 and not e["established"].any()
     # the machine slowed down during start 1: every arm's start-1 rate over its start-0 rate, the block's median
+    # (CNN/DailyMail bs 1 ran its two starts on two other machines, which held the same speed)
     starts = _h100_headline_table("starts")
     med = starts.groupby(["dataset", "batch_size"])["block_median"].first()
-    assert (med.loc["cnn_dailymail"] < 0.92).all()
-    assert med.drop("cnn_dailymail", level="dataset").between(0.95, 1.06).all()
+    slowed = [("cnn_dailymail", 32), ("cnn_dailymail", 128)]
+    assert (med.loc[slowed] < 0.92).all()
+    assert med.drop(slowed).between(0.95, 1.06).all()
 
 
 def test_the_h100_headline_instructcoder_bs1_verdicts_are_the_ones_the_readme_states():
@@ -393,8 +395,8 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
                                       for n in ("headline", "aa", "same_engine", "blocks", "starts"))
     assert len(blocks) == 1 and blocks["complete"].all()
     assert len(aa) == 1 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
-    all_aa = _h100_headline_table("aa")
-    assert aa["mde"].iloc[0] == all_aa["mde"].min() and aa["mde"].iloc[0] < 0.005
+    all_aa = _h100_headline_table("aa")  # with CNN/DailyMail bs 1's, the two finest A/As (0.13%)
+    assert aa["mde"].iloc[0] in all_aa["mde"].nsmallest(2).values and aa["mde"].iloc[0] < 0.005
     h = head.set_index("arm")
     assert len(h) == 5 and (h["best_fixed"] == "eagle3-k3-fixed-eagle3-k3").all() and h["aa_ok"].all()
     assert not (h["established"] & (h["ratio_lo"] > 1)).any()
@@ -407,10 +409,11 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     for arm in ("eagle3-k5-online", "ngram-k5-specdecode-adaptive"):
         assert s.loc[arm, "established"] and s.loc[arm, "ratio_hi"] < 1
     assert not s.loc[["eagle3-k5-oracle", "eagle3-k3-dynamic-sd"], "established"].any()
-    # ADAPTIVE is established behind its own engine's fixed n-gram k = 5 in this block only
+    # ADAPTIVE is established behind its own engine's fixed n-gram k = 5 in this block and CNN/DailyMail bs 1's only
     every = _h100_headline_table("same_engine")
     a = every[(every["arm"] == "ngram-k5-specdecode-adaptive") & every["established"]]
-    assert list(zip(a["dataset"], a["batch_size"])) == [("gsm8k", 1)]
+    assert sorted(zip(a["dataset"], a["batch_size"])) == [("cnn_dailymail", 1), ("gsm8k", 1)]
+    assert (a["ratio_hi"] < 1).all()
     # start 1 (one repeat on each of two machines) ran faster than start 0, every arm within 1% of the median
     assert starts["block_median"].between(1.01, 1.03).all()
     assert ((starts["ratio"] - starts["block_median"]).abs() < 0.01).all()
@@ -436,6 +439,49 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
     assert k5_k3["ratio"] == pytest.approx(h.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
 
+
+def test_the_h100_headline_cnn_dailymail_bs1_verdicts_are_the_ones_the_readme_states():
+    """README and FINDINGS (06) say of the H100 headline's CNN/DailyMail bs 1 block (start 0 on the nineteenth
+    session's H100, start 1 on the twenty-first's), from notebook 06's committed tables: the A/A interval contains 1
+    and the block detects about 0.13%; the best fixed arm is EAGLE-3 k = 3; Oracle Combine is established ahead of
+    it, Oracle Proposal, the online policy and ADAPTIVE behind it, Dynamic SD neither way; on their own engines
+    Oracle Combine is established ahead of fixed k = 5 and ADAPTIVE behind fixed n-gram k = 5, Oracle Proposal, the
+    online policy and Dynamic SD neither way; paired, fixed k = 5 is established behind k = 3 (Oracle Proposal's
+    place); the second machine ran at the first's speed."""
+    head, aa, same, blocks, starts = (_h100_headline_table(n, "cnn_dailymail").query("batch_size == 1")
+                                      for n in ("headline", "aa", "same_engine", "blocks", "starts"))
+    assert len(blocks) == 1 and blocks["complete"].all()
+    assert len(aa) == 1 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
+    assert (aa["mde"] < 0.002).all() and (aa["drift"] < 0.002).all()
+    h = head.set_index("arm")
+    assert len(h) == 5 and (h["best_fixed"] == "eagle3-k3-fixed-eagle3-k3").all() and h["aa_ok"].all()
+    assert set(h.index[h["established"] & (h["ratio_lo"] > 1)]) == {"eagle3-k5-combine"}
+    assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == {
+        "eagle3-k5-oracle", "eagle3-k5-online", "ngram-k5-specdecode-adaptive"}
+    assert set(h.index[~h["established"]]) == {"eagle3-k3-dynamic-sd"}
+    s = same.set_index("arm")
+    assert s.loc["eagle3-k5-combine", "established"] and s.loc["eagle3-k5-combine", "ratio_lo"] > 1
+    a = s.loc["ngram-k5-specdecode-adaptive"]
+    assert a["established"] and a["ratio_hi"] < 1 and a["same_engine_fixed"] == "ngram-k5-fixed-ngram-k5"
+    assert not s.loc[["eagle3-k5-oracle", "eagle3-k5-online", "eagle3-k3-dynamic-sd"], "established"].any()
+    # paired, fixed k = 5 is established behind k = 3, and Oracle Proposal's ratio over the best fixed arm is that
+    fixed = _h100_headline_table("fixed", "cnn_dailymail").query("batch_size == 1").set_index("arm")
+    k5_k3 = fixed.loc["eagle3-k5-fixed-eagle3-k5"]
+    assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
+    assert k5_k3["ratio"] == pytest.approx(h.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
+    # start 1 on another machine than start 0, at the same speed: the block's median within 1%, every arm within 3%
+    assert starts["block_median"].between(0.99, 1.01).all() and starts["ratio"].between(0.97, 1.01).all()
+    # simulated against measured, as on GSM8K bs 1: the engine refit lies inside both oracles' measured intervals;
+    # the linear predictors inside Combine's and above Oracle Proposal's; the fixed cell over-predicted by under 5%
+    sim = _h100_headline_table("sim_vs_measured", "cnn_dailymail").query("batch_size == 1")
+    refit = sim[sim["predictor"].str.startswith("engine refit")]
+    assert len(refit) == 2 and refit["simulated"].between(refit["ratio_lo"], refit["ratio_hi"]).all()
+    lin = sim[~sim["predictor"].str.startswith("engine refit")]
+    comb, prop = lin[lin["arm"] == "eagle3-k5-combine"], lin[lin["arm"] == "eagle3-k5-oracle"]
+    assert len(comb) == len(prop) == 4
+    assert comb["simulated"].between(comb["ratio_lo"], comb["ratio_hi"]).all()
+    assert (prop["simulated"] > prop["ratio_hi"]).all()
+    assert (lin["fixed_overprediction"].abs() < 0.05).all()
 
 def test_fixed_table_splits_a_policys_ratio_over_the_best_fixed_arm_in_two():
     """fixed_table: each other fixed arm (no A/A twin) over the block's best fixed arm, the one headline_table
@@ -475,11 +521,11 @@ def test_verdicts_name_the_direction_only_of_established_differences():
     head = P.verdicts(_h100_headline_table("headline"))
     assert set(head["verdict"]) <= set(P.VERDICTS)
     assert (head["verdict"] != "not established").sum() == head["established"].sum()
-    # FINDINGS (06) sums up the H100 headline's ten blocks: 3 ahead, 24 behind, 23 not established
-    assert head["verdict"].value_counts().to_dict() == {"ahead": 3, "behind": 24, "not established": 23}
+    # FINDINGS (06) sums up the H100 headline's eleven blocks: 4 ahead, 27 behind, 24 not established
+    assert head["verdict"].value_counts().to_dict() == {"ahead": 4, "behind": 27, "not established": 24}
     ahead = head[head["verdict"] == "ahead"]
     assert sorted(zip(ahead["dataset"], ahead["batch_size"], ahead["arm"])) == [
-        ("instructcoder", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-online"),
+        ("cnn_dailymail", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-online"),
         ("instructcoder", 32, "eagle3-k5-combine")]
     with pytest.raises(ValueError, match="contains 1"):  # marked established with an interval around 1
         P.verdicts(t.assign(established=True))
