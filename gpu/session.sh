@@ -63,7 +63,15 @@ _pack() {
   cp -f "$SESS/queue.log" "$SESS/status" "$OUT/" 2>/dev/null
   tar czf "$SESS/logs.tgz" -C "$SESS" --exclude=logs.tgz --exclude=res.tgz . 2>/dev/null; cp "$SESS/logs.tgz" "$OUT/"
   if [ -d "$RES" ]; then
-    tar czf "$SESS/res.tgz" -C "$RES" . && split -b 15M -d "$SESS/res.tgz" "$OUT/res.tgz.part"
+    # A running job adds files while tar reads: GNU tar then says "file changed as we read it" and exits 1, with
+    # the archive whole (result files are written to a temporary name and renamed, so none is half-written; the
+    # temporary ones, ".NAME.XXXXXXXX", are left out). Only a fatal error (2) loses the results; say so.
+    tar czf "$SESS/res.tgz" -C "$RES" --exclude='.*.parquet.*' --exclude='.*.json.*' .; local rc=$?
+    if [ "$rc" -le 1 ]; then
+      split -b 15M -d "$SESS/res.tgz" "$OUT/res.tgz.part"
+    else
+      echo "session: results not packed (tar exit $rc); call wait again to pack them"
+    fi
     ls -l "$OUT"
   fi
 }

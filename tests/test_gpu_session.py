@@ -159,3 +159,36 @@ def test_queue_jobs_name_configs_that_exist():
     for stem in stems:
         for card in ("h100", "h200"):
             assert (REPO_ROOT / "configs" / f"{card}_{stem}.yaml").is_file(), (card, stem)
+
+
+@pytest.mark.parametrize("tar_rc", [1, 2])
+def test_wait_packs_the_results_when_tar_says_a_file_changed_and_says_so_when_tar_fails(tmp_path, tar_rc):
+    """The twenty-first session's last `wait` came back without results: a running job added a cell while tar read
+    the results folder, GNU tar said "file changed as we read it" and exited 1, and `_pack` dropped the archive.
+    Exit 1 leaves the archive whole (result files are renamed into place; their temporary names are left out), so
+    it is packed; a fatal error (2) is said in one line."""
+    import tarfile
+    checkout, bin_dir, out = tmp_path / "checkout", tmp_path / "bin", tmp_path / "out"
+    (checkout / "gpu").mkdir(parents=True)
+    bin_dir.mkdir()
+    shutil.copy(SESSION, checkout / "gpu" / "session.sh")
+    real_tar = shutil.which("tar")
+    # a tar that archives as asked, then (for the results archive) reports a changed file with exit 1, or fails
+    (bin_dir / "tar").write_text(
+        f"#!/bin/sh\n{real_tar} \"$@\" || exit $?\n"
+        f"case \"$*\" in *res.tgz*) echo 'tar: ./s/runs: file changed as we read it' >&2; exit {tar_rc};; esac\n")
+    (bin_dir / "tar").chmod(0o755)
+    job = "mkdir -p $RES/s/runs && echo cell > $RES/s/runs/a.parquet && echo half > $RES/s/runs/.b.parquet.k2x9q1z4"
+    (checkout / "queue.txt").write_text(f"cells\t30\t{job}\n")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)}
+    assert _session(tmp_path, "start", "queue.txt").returncode == 0
+    waited = _session(tmp_path, "wait", "60", **env)
+    assert "cells 0 " in waited.stdout, waited.stdout + waited.stderr
+    parts = sorted(out.glob("res.tgz.part*"))
+    if tar_rc == 1:
+        assert len(parts) == 1 and "results not packed" not in waited.stdout
+        with tarfile.open(parts[0]) as t:
+            names = {n.lstrip("./") for n in t.getnames()}
+        assert "s/runs/a.parquet" in names and not any(".b.parquet" in n for n in names)
+    else:
+        assert parts == [] and "session: results not packed (tar exit 2); call wait again to pack them" in waited.stdout
