@@ -65,8 +65,10 @@ _pack() {
   if [ -d "$RES" ]; then
     # A running job adds files while tar reads: GNU tar then says "file changed as we read it" and exits 1, with
     # the archive whole (result files are written to a temporary name and renamed, so none is half-written; the
-    # temporary ones, ".NAME.XXXXXXXX", are left out). Only a fatal error (2) loses the results; say so.
-    tar czf "$SESS/res.tgz" -C "$RES" --exclude='.*.parquet.*' --exclude='.*.json.*' .; local rc=$?
+    # temporary ones, ".NAME.XXXXXXXX", are left out: `*` must not match "/", or "a.json.gz" would be too). Only a
+    # fatal error (2) loses the results; say so.
+    tar czf "$SESS/res.tgz" -C "$RES" --no-wildcards-match-slash --exclude='.*.parquet.*' --exclude='.*.json.*' .
+    local rc=$?
     if [ "$rc" -le 1 ]; then
       split -b 15M -d "$SESS/res.tgz" "$OUT/res.tgz.part"
     else

@@ -178,7 +178,8 @@ def test_wait_packs_the_results_when_tar_says_a_file_changed_and_says_so_when_ta
         f"#!/bin/sh\n{real_tar} \"$@\" || exit $?\n"
         f"case \"$*\" in *res.tgz*) echo 'tar: ./s/runs: file changed as we read it' >&2; exit {tar_rc};; esac\n")
     (bin_dir / "tar").chmod(0o755)
-    job = "mkdir -p $RES/s/runs && echo cell > $RES/s/runs/a.parquet && echo half > $RES/s/runs/.b.parquet.k2x9q1z4"
+    job = ("mkdir -p $RES/s/runs && echo cell > $RES/s/runs/a.parquet && echo half > $RES/s/runs/.b.parquet.k2x9q1z4"
+           " && echo kept > $RES/s/notes.json.gz")
     (checkout / "queue.txt").write_text(f"cells\t30\t{job}\n")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out)}
     assert _session(tmp_path, "start", "queue.txt").returncode == 0
@@ -189,6 +190,6 @@ def test_wait_packs_the_results_when_tar_says_a_file_changed_and_says_so_when_ta
         assert len(parts) == 1 and "results not packed" not in waited.stdout
         with tarfile.open(parts[0]) as t:
             names = {n.lstrip("./") for n in t.getnames()}
-        assert "s/runs/a.parquet" in names and not any(".b.parquet" in n for n in names)
+        assert {"s/runs/a.parquet", "s/notes.json.gz"} <= names and not any(".b.parquet" in n for n in names)
     else:
         assert parts == [] and "session: results not packed (tar exit 2); call wait again to pack them" in waited.stdout

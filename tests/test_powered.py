@@ -483,6 +483,7 @@ def test_the_h100_headline_cnn_dailymail_bs1_verdicts_are_the_ones_the_readme_st
     assert (prop["simulated"] > prop["ratio_hi"]).all()
     assert (lin["fixed_overprediction"].abs() < 0.05).all()
 
+
 def test_fixed_table_splits_a_policys_ratio_over_the_best_fixed_arm_in_two():
     """fixed_table: each other fixed arm (no A/A twin) over the block's best fixed arm, the one headline_table
     divides by; in a whole block every arm ran the same units, so a policy over the best fixed arm is exactly its
