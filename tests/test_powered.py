@@ -398,6 +398,15 @@ def _assert_bs1_sim_vs_measured_as_on_gsm8k(dataset: str) -> None:
     assert (lin["fixed_overprediction"].abs() < 0.05).all()
 
 
+def _assert_bs1_k5_behind_k3_is_oracle_proposals_place(dataset: str, head: pd.DataFrame) -> None:
+    """The H100 headline's bs 1 block of ``dataset``: paired, fixed EAGLE-3 k = 5 is established behind k = 3 (the
+    best fixed arm), and Oracle Proposal's ratio over the best fixed arm (``head``, indexed by arm) is that ratio."""
+    fixed = _h100_headline_table("fixed", dataset).query("batch_size == 1").set_index("arm")
+    k5_k3 = fixed.loc["eagle3-k5-fixed-eagle3-k5"]
+    assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
+    assert k5_k3["ratio"] == pytest.approx(head.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
+
+
 def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     """README and FINDINGS (06) say of the H100 headline's GSM8K bs 1 block (start 0 and start 1's repeat 0 on the
     eighteenth session's H100, start 1's repeat 1 on the nineteenth's), from notebook 06's committed tables: the A/A
@@ -440,10 +449,7 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     assert k5["ratio_hi"] > k3["ratio_lo"] and k3["ratio"] > k5["ratio"]
     # ... but paired, fixed k = 5 is established behind k = 3, and Oracle Proposal's ratio over the best fixed arm
     # is that cost (it is level with k = 5 on its engine)
-    fixed = _h100_headline_table("fixed", "gsm8k").query("batch_size == 1").set_index("arm")
-    k5_k3 = fixed.loc["eagle3-k5-fixed-eagle3-k5"]
-    assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
-    assert k5_k3["ratio"] == pytest.approx(h.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
+    _assert_bs1_k5_behind_k3_is_oracle_proposals_place("gsm8k", h)
 
 
 def test_the_h100_headline_cnn_dailymail_bs1_verdicts_are_the_ones_the_readme_states():
@@ -471,10 +477,7 @@ def test_the_h100_headline_cnn_dailymail_bs1_verdicts_are_the_ones_the_readme_st
     assert a["established"] and a["ratio_hi"] < 1 and a["same_engine_fixed"] == "ngram-k5-fixed-ngram-k5"
     assert not s.loc[["eagle3-k5-oracle", "eagle3-k5-online", "eagle3-k3-dynamic-sd"], "established"].any()
     # paired, fixed k = 5 is established behind k = 3, and Oracle Proposal's ratio over the best fixed arm is that
-    fixed = _h100_headline_table("fixed", "cnn_dailymail").query("batch_size == 1").set_index("arm")
-    k5_k3 = fixed.loc["eagle3-k5-fixed-eagle3-k5"]
-    assert k5_k3["established"] and k5_k3["ratio_hi"] < 1
-    assert k5_k3["ratio"] == pytest.approx(h.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
+    _assert_bs1_k5_behind_k3_is_oracle_proposals_place("cnn_dailymail", h)
     # start 1 on another machine than start 0, at the same speed: the block's median within 1%, every arm within 3%
     assert starts["block_median"].between(0.99, 1.01).all() and starts["ratio"].between(0.97, 1.01).all()
     # simulated against measured, as on GSM8K bs 1
@@ -523,8 +526,8 @@ def test_verdicts_name_the_direction_only_of_established_differences():
     assert head["verdict"].value_counts().to_dict() == {"ahead": 4, "behind": 27, "not established": 24}
     ahead = head[head["verdict"] == "ahead"]
     assert sorted(zip(ahead["dataset"], ahead["batch_size"], ahead["arm"])) == [
-        ("cnn_dailymail", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-online"),
-        ("instructcoder", 32, "eagle3-k5-combine")]
+        ("cnn_dailymail", 1, "eagle3-k5-combine"), ("instructcoder", 1, "eagle3-k5-combine"),
+        ("instructcoder", 1, "eagle3-k5-online"), ("instructcoder", 32, "eagle3-k5-combine")]
     with pytest.raises(ValueError, match="contains 1"):  # marked established with an interval around 1
         P.verdicts(t.assign(established=True))
     # the matrix figure: one cell per (block, arm), at column = block (sorted), row = arm, coloured by its verdict
