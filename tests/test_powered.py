@@ -283,7 +283,10 @@ def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
         return _h100_headline_table(name, "sharegpt")
 
     head, aa, same, blocks = table("headline"), table("aa"), table("same_engine"), table("blocks")
-    assert len(blocks) == 2 and blocks["complete"].all()
+    # bs 1 has its engine start 0 only (the twenty-second session), so it is listed and not compared
+    assert set(blocks["batch_size"]) == {1, 32, 128}
+    assert blocks[blocks["batch_size"] != 1]["complete"].all() and not blocks[blocks["batch_size"] == 1]["complete"].any()
+    assert set(head["batch_size"]) == set(aa["batch_size"]) == {32, 128}
     policies = {"eagle3-k3-dynamic-sd", "eagle3-k5-combine", "eagle3-k5-online", "eagle3-k5-oracle",
                 "ngram-k5-specdecode-adaptive"}
     assert len(aa) == 2 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
