@@ -274,11 +274,12 @@ def test_the_h100_headline_gsm8k_verdicts_are_the_ones_the_readme_states():
 def test_the_h100_headline_sharegpt_verdicts_are_the_ones_the_readme_states():
     """README and FINDINGS (06) say of the H100 headline's ShareGPT blocks at bs 32 and 128 (start 0 on the twelfth
     session's H100, start 1 on the thirteenth's), from notebook 06's committed tables: bs 1 has run the first of its
-    two engine starts (24 of 48 cells, the twenty-second session), so it is listed and not compared; both A/A intervals contain 1; nothing is
-    established ahead of the best fixed arm; at bs 32 (best fixed EAGLE-3 k = 3) only the online policy and ADAPTIVE
-    are established behind it, at bs 128 (best fixed EAGLE-3 k = 1) every policy is; on the K = 5 engine Oracle
-    Proposal is not established either way against fixed k = 5, and neither is Combine (at bs 32 its interval
-    excludes 1 by less than the A/A drift); the online policy is established behind fixed k = 5 at both."""
+    two engine starts (24 of 48 cells, the twenty-second session), so it is listed and not compared; both A/A
+    intervals contain 1; nothing is established ahead of the best fixed arm; at bs 32 (best fixed EAGLE-3 k = 3) only
+    the online policy and ADAPTIVE are established behind it, at bs 128 (best fixed EAGLE-3 k = 1) every policy is;
+    on the K = 5 engine Oracle Proposal is not established either way against fixed k = 5, and neither is Combine (at
+    bs 32 its interval excludes 1 by less than the A/A drift); the online policy is established behind fixed k = 5
+    at both."""
 
     def table(name):
         return _h100_headline_table(name, "sharegpt")
