@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Bring a GPU session's results into ``data/sweeps``: the steps every session did by hand, in one command.
+
+``gpu/session.sh wait`` packs the results folder into ``$OUT/res.tgz.partNN``; the ``run`` reply copies them to a
+folder here. This script joins and unpacks the parts into a temporary folder, checks every sweep in them and, when
+all is well, copies each sweep into ``data/sweeps/<name>/`` (its runtime files left out: ``.run``, ``.engines``,
+``.sweep.lock``, ``.sweep.lease``, ``logs``). It refuses, and copies nothing, when
+
+- a replay file says ``exact`` is not true (the replayed plan was not what the engine ran);
+- an incoming sweep's ``provenance.json`` does not begin with every invocation of the committed one (the session
+  ran from another record of the sweep, and copying would replace the committed history);
+- the provenance ends in an invocation that ran no engine and finished no cell (a queue stopped before its job's
+  first cell, as on 2026-12-07: that session took an earlier tarball by hand). ``--drop-empty`` drops such
+  trailing invocations and says so.
+
+Prints, per sweep, the cells before and after, the new cells and the replay files checked. ``--dry-run`` checks and
+prints without copying. Stdlib only: ``python3 gpu/integrate.py /work/.device/7``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME = {".run", ".engines", ".sweep.lock", ".sweep.lease", "logs"}
+CELL_FOLDER = "runs"  # one file per done cell (the sweep store's index of done cells)
+
+
+def unpack(src: Path, into: Path) -> Path:
+    """The results folder of SRC: SRC itself when it holds sweeps, else its ``res.tgz.part*`` joined and unpacked."""
+    parts = sorted(src.glob("res.tgz.part*"))
+    if not parts:
+        if any((d / "provenance.json").is_file() for d in src.iterdir() if d.is_dir()):
+            return src
+        raise SystemExit(f"integrate: {src} has no res.tgz.part* and no sweep folder")
+    joined = into / "res.tgz"
+    with joined.open("wb") as out:
+        for p in parts:
+            out.write(p.read_bytes())
+    dest = into / "res"
+    dest.mkdir()
+    with tarfile.open(joined) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def cell_ids(sweep: Path) -> set[str]:
+    folder = sweep / CELL_FOLDER
+    return {p.name.removesuffix(".parquet") for p in folder.iterdir() if p.is_file()} if folder.is_dir() else set()
+
+
+def inexact_replays(sweep: Path) -> tuple[int, list[str]]:
+    files = sorted((sweep / "replay").glob("*.json")) if (sweep / "replay").is_dir() else []
+    bad = [f.name for f in files if json.loads(f.read_text()).get("exact") is not True]
+    return len(files), bad
+
+
+def empty_tail(prov: dict) -> int:
+    """How many invocations at the end of a provenance ran no engine and finished no cell."""
+    n = 0
+    for inv in reversed(prov.get("invocations", [])):
+        if inv.get("engines") or inv.get("cells_done"):
+            break
+        n += 1
+    return n
+
+
+def check(sweep: Path, have: Path, drop_empty: bool) -> tuple[list[str], list[str], dict | None]:
+    """(problems, report lines, the provenance to write when its empty tail is dropped, else None)."""
+    problems, lines, new_prov = [], [], None
+    n_replay, bad = inexact_replays(sweep)
+    if bad:
+        problems.append(f"{sweep.name}: {len(bad)} of {n_replay} replay files not exact, e.g. {bad[0]}")
+    incoming, before = cell_ids(sweep), cell_ids(have)
+    prov_path, had_path = sweep / "provenance.json", have / "provenance.json"
+    prov = json.loads(prov_path.read_text()) if prov_path.is_file() else None
+    had = json.loads(had_path.read_text()).get("invocations", []) if had_path.is_file() else []
+    if prov is None:
+        problems.append(f"{sweep.name}: no provenance.json")
+    elif prov.get("invocations", [])[:len(had)] != had:
+        problems.append(f"{sweep.name}: the session's provenance does not begin with the {len(had)} committed "
+                        "invocation(s); copying it would rewrite the sweep's history")
+    elif (tail := empty_tail(prov)):
+        if drop_empty:
+            new_prov = dict(prov, invocations=prov["invocations"][:-tail])
+            lines.append(f"  dropped {tail} trailing invocation(s) that ran no engine and finished no cell")
+        else:
+            problems.append(f"{sweep.name}: provenance ends in {tail} invocation(s) that ran no engine and finished "
+                            "no cell (a stopped queue); take an earlier call's results or pass --drop-empty")
+    if prov is not None and prov.get("invocations") and "finished_at" not in prov["invocations"][-1]:
+        lines.append("  note: the last invocation has no finished_at (its job was still running or was cut): "
+                     "its engine start may be half done")
+    lines.insert(0, f"{sweep.name}: {len(before)} -> {len(before | incoming)} cells ({len(incoming - before)} new, "
+                    f"{len(incoming & before)} carried back); {n_replay} replay files in the session's copy, "
+                    f"{n_replay - len(bad)} exact")
+    return problems, lines, new_prov
+
+
+def copy_sweep(sweep: Path, dest: Path, new_prov: dict | None) -> None:
+    def ignore(folder, names):
+        return [n for n in names if n in RUNTIME or (n.startswith(".") and ".parquet." in n)] if \
+            Path(folder) == sweep else []
+    shutil.copytree(sweep, dest, ignore=ignore, dirs_exist_ok=True)
+    if new_prov is not None:
+        (dest / "provenance.json").write_text(json.dumps(new_prov, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("src", type=Path, help="a folder with res.tgz.part* (a run call's files), or an unpacked results folder")
+    ap.add_argument("--into", type=Path, default=ROOT / "data" / "sweeps", help="default: data/sweeps")
+    ap.add_argument("--only", action="append", default=[], help="integrate this sweep only (repeatable)")
+    ap.add_argument("--drop-empty", action="store_true", help="drop trailing invocations that ran nothing")
+    ap.add_argument("--dry-run", action="store_true", help="check and report; copy nothing")
+    a = ap.parse_args(argv)
+    if not a.src.is_dir():
+        raise SystemExit(f"integrate: {a.src} is not a folder")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = unpack(a.src, Path(tmp))
+        sweeps = sorted(d for d in res.iterdir() if d.is_dir() and (not a.only or d.name in a.only))
+        if a.only and {s.name for s in sweeps} != set(a.only):
+            raise SystemExit(f"integrate: not in the results: {sorted(set(a.only) - {s.name for s in sweeps})}")
+        if not sweeps:
+            raise SystemExit(f"integrate: no sweep in {a.src}")
+        problems, plans = [], []
+        for s in sweeps:
+            p, lines, new_prov = check(s, a.into / s.name, a.drop_empty)
+            problems += p
+            plans.append((s, new_prov))
+            print("\n".join(lines))
+        if problems:
+            print("integrate: nothing copied:\n  " + "\n  ".join(problems), file=sys.stderr)
+            return 1
+        if a.dry_run:
+            print("integrate: dry run, nothing copied")
+            return 0
+        for s, new_prov in plans:
+            copy_sweep(s, a.into / s.name, new_prov)
+            print(f"integrate: {s.name} -> {a.into / s.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
