@@ -113,7 +113,8 @@ def copy_sweep(sweep: Path, dest: Path, new_prov: dict | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("src", type=Path, help="a folder with res.tgz.part* (a run call's files), or an unpacked results folder")
+    ap.add_argument("src", type=Path,
+                    help="a folder with res.tgz.part* (a run call's files), or an unpacked results folder")
     ap.add_argument("--into", type=Path, default=ROOT / "data" / "sweeps", help="default: data/sweeps")
     ap.add_argument("--only", action="append", default=[], help="integrate this sweep only (repeatable)")
     ap.add_argument("--drop-empty", action="store_true", help="drop trailing invocations that ran nothing")

@@ -190,6 +190,14 @@ def _gpu_rule(f: str) -> str:
     return "" if ok else f"{f}: its producer {prod!r} is no script under gpu/"
 
 
+def _refit_history_rule(f: str) -> str:
+    """data/gpu/refit_history_<sweep>.csv <- `gpu/refit_history.py <sweep>`, for a sweep that exists."""
+    sweep = Path(f).stem.removeprefix("refit_history_")
+    if not (REPO_ROOT / "gpu" / "refit_history.py").is_file():
+        return f"{f}: gpu/refit_history.py, which writes it, is missing"
+    return "" if (REPO_ROOT / "data" / "sweeps" / sweep).is_dir() else f"{f}: no sweep data/sweeps/{sweep}"
+
+
 DATA_RULES = [
     (r"data/sweeps/[^/]+/.+", _sweep_rule),
     (r"data/costmodels/[^/]+\.json", _costmodel_rule),
@@ -198,6 +206,7 @@ DATA_RULES = [
     (r"data/models/.+", _models_rule),
     (r"data/benchmarks/[^/]+\.md", _bench_rule),
     (r"data/gpu/[^/]+\.json", _gpu_rule),
+    (r"data/gpu/refit_history_[^/]+\.csv", _refit_history_rule),
     (r"data/serving/[^/]+/.+", _serving_rule),
     (r"data/predictors/[^/]+\.json", _predictor_rule),
 ]
