@@ -7,14 +7,18 @@ all is well, copies each sweep into ``data/sweeps/<name>/`` (its runtime files l
 ``.sweep.lock``, ``.sweep.lease``, ``logs``). It refuses, and copies nothing, when
 
 - a replay file says ``exact`` is not true (the replayed plan was not what the engine ran);
+- a file the committed sweep has comes back with other contents (a carried-back cell returns byte for byte);
 - an incoming sweep's ``provenance.json`` does not begin with every invocation of the committed one (the session
   ran from another record of the sweep, and copying would replace the committed history);
 - the provenance ends in an invocation that ran no engine and finished no cell (a queue stopped before its job's
   first cell, as on 2026-12-07: that session took an earlier tarball by hand). ``--drop-empty`` drops such
-  trailing invocations and says so.
+  trailing invocations of the session (never a committed one) and says so. When the session brought more new cells
+  than its other invocations finished, the trailing ones ran cells and were cut before writing their engines (as
+  three committed invocations were): they are kept, with a note.
 
 Prints, per sweep, the cells before and after, the new cells and the replay files checked. ``--dry-run`` checks and
-prints without copying. Stdlib only: ``python3 gpu/integrate.py /work/.device/7``.
+prints without copying. Stdlib only, Python 3.11.4 or later (tarfile's ``data`` filter):
+``python3 gpu/integrate.py /work/.device/7``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ CELL_FOLDER = "runs"  # one file per done cell (the sweep store's index of done 
 
 def unpack(src: Path, into: Path) -> Path:
     """The results folder of SRC: SRC itself when it holds sweeps, else its ``res.tgz.part*`` joined and unpacked."""
-    parts = sorted(src.glob("res.tgz.part*"))
+    parts = sorted(src.glob("res.tgz.part*"), key=lambda p: int(p.name.removeprefix("res.tgz.part") or 0))
     if not parts:
         if any((d / "provenance.json").is_file() for d in src.iterdir() if d.is_dir()):
             return src
@@ -50,9 +54,14 @@ def unpack(src: Path, into: Path) -> Path:
     return dest
 
 
+def is_temp(name: str) -> bool:
+    """A store's half-written file (what session.sh leaves out of res.tgz: ``.*.parquet.*``, ``.*.json.*``)."""
+    return name.startswith(".") and (".parquet." in name or ".json." in name)
+
+
 def cell_ids(sweep: Path) -> set[str]:
     folder = sweep / CELL_FOLDER
-    return {p.name.removesuffix(".parquet") for p in folder.iterdir() if p.is_file()} if folder.is_dir() else set()
+    return {p.name.removesuffix(".parquet") for p in folder.glob("*.parquet")} if folder.is_dir() else set()
 
 
 def inexact_replays(sweep: Path) -> tuple[int, list[str]]:
@@ -61,10 +70,24 @@ def inexact_replays(sweep: Path) -> tuple[int, list[str]]:
     return len(files), bad
 
 
-def empty_tail(prov: dict) -> int:
-    """How many invocations at the end of a provenance ran no engine and finished no cell."""
+def changed_files(sweep: Path, have: Path) -> list[str]:
+    """Files of the session's copy that the committed sweep also has, with other contents (provenance.json aside:
+    it grows by design). A carried-back cell comes back byte for byte."""
+    out = []
+    for f in sorted(sweep.rglob("*")):
+        rel = f.relative_to(sweep)
+        if not f.is_file() or rel.parts[0] in RUNTIME or is_temp(f.name) or rel == Path("provenance.json"):
+            continue
+        old = have / rel
+        if old.is_file() and old.read_bytes() != f.read_bytes():
+            out.append(str(rel))
+    return out
+
+
+def empty_tail(invocations: list[dict]) -> int:
+    """How many invocations at the end of a list recorded no engine and no finished cell."""
     n = 0
-    for inv in reversed(prov.get("invocations", [])):
+    for inv in reversed(invocations):
         if inv.get("engines") or inv.get("cells_done"):
             break
         n += 1
@@ -78,22 +101,33 @@ def check(sweep: Path, have: Path, drop_empty: bool) -> tuple[list[str], list[st
     if bad:
         problems.append(f"{sweep.name}: {len(bad)} of {n_replay} replay files not exact, e.g. {bad[0]}")
     incoming, before = cell_ids(sweep), cell_ids(have)
+    changed = changed_files(sweep, have)
+    if changed:
+        problems.append(f"{sweep.name}: {len(changed)} file(s) the sweep already has come back with other contents, "
+                        f"e.g. {changed[0]}")
     prov_path, had_path = sweep / "provenance.json", have / "provenance.json"
     prov = json.loads(prov_path.read_text()) if prov_path.is_file() else None
     had = json.loads(had_path.read_text()).get("invocations", []) if had_path.is_file() else []
+    invs = prov.get("invocations", []) if prov else []
     if prov is None:
         problems.append(f"{sweep.name}: no provenance.json")
-    elif prov.get("invocations", [])[:len(had)] != had:
+    elif invs[:len(had)] != had:
         problems.append(f"{sweep.name}: the session's provenance does not begin with the {len(had)} committed "
                         "invocation(s); copying it would rewrite the sweep's history")
-    elif (tail := empty_tail(prov)):
-        if drop_empty:
-            new_prov = dict(prov, invocations=prov["invocations"][:-tail])
+    elif (tail := empty_tail(invs[len(had):])):  # the session's own invocations only
+        finished = sum(inv.get("cells_done") or 0 for inv in invs[len(had):len(invs) - tail])
+        if len(incoming - before) > finished:  # they ran cells, but were cut before writing their engines
+            lines.append(f"  note: the last {tail} invocation(s) recorded no engine, yet the session brought "
+                         f"{len(incoming - before) - finished} cell(s) more than the others finished: a job cut "
+                         "before it wrote its provenance; kept")
+        elif drop_empty:
+            invs = invs[:len(invs) - tail]
+            new_prov = dict(prov, invocations=invs)
             lines.append(f"  dropped {tail} trailing invocation(s) that ran no engine and finished no cell")
         else:
             problems.append(f"{sweep.name}: provenance ends in {tail} invocation(s) that ran no engine and finished "
                             "no cell (a stopped queue); take an earlier call's results or pass --drop-empty")
-    if prov is not None and prov.get("invocations") and "finished_at" not in prov["invocations"][-1]:
+    if len(invs) > len(had) and "finished_at" not in invs[-1]:
         lines.append("  note: the last invocation has no finished_at (its job was still running or was cut): "
                      "its engine start may be half done")
     lines.insert(0, f"{sweep.name}: {len(before)} -> {len(before | incoming)} cells ({len(incoming - before)} new, "
@@ -104,8 +138,8 @@ def check(sweep: Path, have: Path, drop_empty: bool) -> tuple[list[str], list[st
 
 def copy_sweep(sweep: Path, dest: Path, new_prov: dict | None) -> None:
     def ignore(folder, names):
-        return [n for n in names if n in RUNTIME or (n.startswith(".") and ".parquet." in n)] if \
-            Path(folder) == sweep else []
+        top = Path(folder) == sweep
+        return [n for n in names if (top and n in RUNTIME) or is_temp(n)]
     shutil.copytree(sweep, dest, ignore=ignore, dirs_exist_ok=True)
     if new_prov is not None:
         (dest / "provenance.json").write_text(json.dumps(new_prov, indent=1, sort_keys=True) + "\n")

@@ -41,7 +41,8 @@ def figure_csv(sweep: str) -> str:
 def history(sweep: str) -> pd.DataFrame:
     """One row per (commit, block, oracle) of the refit's prediction, oldest commit first."""
     path = figure_csv(sweep)
-    log = [l.split() for l in _git("log", "--reverse", "--format=%H %ad", "--date=short", "--", path).split("\n")
+    log = [l.split() for l in _git("log", "--reverse", "--diff-filter=AM", "--format=%H %ad", "--date=short", "--",
+                                   path).split("\n")
            if l.strip()]
     versions = [(commit, date, _git("show", f"{commit}:{path}")) for commit, date in log]
     here = ROOT / path

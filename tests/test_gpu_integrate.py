@@ -101,4 +101,39 @@ def test_an_empty_trailing_invocation_is_refused_or_dropped_on_request(tmp_path,
     assert mod.main([str(src), "--into", str(into), "--drop-empty"]) == 0
     prov = json.loads((into / "sw" / "provenance.json").read_text())
     assert prov["invocations"] == invs[:1]
-    assert mod.empty_tail({"invocations": invs + [{"engines": [], "cells_done": 0}]}) == 2
+    assert mod.empty_tail(invs + [{"engines": [], "cells_done": 0}]) == 2
+
+
+def test_a_cut_invocation_that_ran_cells_is_kept_and_a_committed_one_is_never_dropped(tmp_path, capsys):
+    """A job cut before it wrote its engines leaves an invocation with none, though it ran cells (three committed
+    invocations of the H100 headline are so): kept, with a note. --drop-empty drops only the session's own."""
+    mod = _module()
+    into = tmp_path / "sweeps"
+    committed = [{"engines": [{"method": "none"}], "cells_done": 1}, {"engines": [], "cells_planned": 4}]
+    _sweep(into, "sw", ["a"], invocations=committed)
+    cut = committed + [{"engines": [], "cells_planned": 4}]
+    src = _sweep(tmp_path / "res", "sw", ["a", "b"], invocations=cut).parent
+    assert mod.main([str(src), "--into", str(into), "--drop-empty"]) == 0
+    out = capsys.readouterr().out
+    assert "a job cut before it wrote its provenance; kept" in out and "dropped" not in out
+    assert json.loads((into / "sw" / "provenance.json").read_text())["invocations"] == cut
+    # the same tail with no new cell is the session's empty invocation: dropped, the committed empty one kept
+    src2 = _sweep(tmp_path / "res2", "sw", ["a", "b"], invocations=cut + [{"engines": []}]).parent
+    assert mod.main([str(src2), "--into", str(into), "--drop-empty"]) == 0
+    assert json.loads((into / "sw" / "provenance.json").read_text())["invocations"] == cut
+
+
+def test_a_carried_back_file_with_other_contents_copies_nothing(tmp_path, capsys):
+    mod = _module()
+    into = tmp_path / "sweeps"
+    first = [{"engines": [{"method": "none"}], "cells_done": 1}]
+    _sweep(into, "sw", ["a"], invocations=first)
+    res = _sweep(tmp_path / "res", "sw", ["a", "b"], invocations=first * 2)
+    (res / "steps" / "a.parquet").write_bytes(b"rewritten")
+    (res / "steps" / ".b.parquet.tmp").write_bytes(b"half")  # a half-written file is never copied
+    assert mod.main([str(res.parent), "--into", str(into)]) == 1
+    assert "1 file(s) the sweep already has come back with other contents, e.g. steps/a.parquet" in \
+        capsys.readouterr().err
+    (res / "steps" / "a.parquet").write_bytes(b"sa")
+    assert mod.main([str(res.parent), "--into", str(into)]) == 0
+    assert not (into / "sw" / "steps" / ".b.parquet.tmp").exists() and (into / "sw" / "steps" / "b.parquet").exists()
