@@ -7,20 +7,16 @@ notice it and take an earlier call's tarball.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import shutil
 import tarfile
 
-from sdlib.paths import REPO_ROOT
+from tests.gpu_scripts import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("integrate", REPO_ROOT / "gpu" / "integrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("integrate")
 
 
 def _sweep(root, name, cells, exact=True, invocations=None):

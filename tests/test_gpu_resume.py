@@ -6,7 +6,6 @@ start-0 cells the session before had measured. The queue's jobs now carry the do
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -14,16 +13,14 @@ import sys
 import tarfile
 
 from sdlib.paths import REPO_ROOT
+from tests.gpu_scripts import load
 from sdlib.store import SweepStore
 
 SWEEP = "h100_v034_headline"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("resume_cells", REPO_ROOT / "gpu" / "resume_cells.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("resume_cells")
 
 
 def test_queue_jobs_reads_card_sweep_jobs_and_their_options(tmp_path):
@@ -196,9 +193,7 @@ def test_travelling_bytes_counts_a_file_deleted_while_it_counts_as_nothing(tmp_p
     a file listed by git but gone before its stat counts 0 bytes instead of failing the whole count."""
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("carry", REPO_ROOT / "gpu" / "carry.py")
-    carry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(carry)
+    carry = load("carry")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "kept.bin").write_bytes(b"x" * 100)
     (tmp_path / "vanishes.bin").write_bytes(b"y" * 50)

@@ -409,6 +409,27 @@ def _assert_bs1_k5_behind_k3_is_oracle_proposals_place(dataset: str, head: pd.Da
     assert k5_k3["ratio"] == pytest.approx(head.loc["eagle3-k5-oracle", "ratio"], abs=0.002)
 
 
+def _assert_bs1_verdicts_as_on_gsm8k(head: pd.DataFrame, same: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts GSM8K's and ShareGPT's bs 1 blocks share (``head`` and ``same``: one block's headline and
+    same-engine rows): best fixed EAGLE-3 k = 3; Oracle Proposal, the online policy and ADAPTIVE established behind
+    it, Oracle Combine (its interval around 1) and Dynamic SD neither way; on their own engines Oracle Combine
+    established ahead of fixed k = 5, the online policy and ADAPTIVE behind theirs, Oracle Proposal and Dynamic SD
+    neither way. Returns ``head`` indexed by arm."""
+    h = head.set_index("arm")
+    assert len(h) == 5 and (h["best_fixed"] == "eagle3-k3-fixed-eagle3-k3").all() and h["aa_ok"].all()
+    assert not (h["established"] & (h["ratio_lo"] > 1)).any()
+    assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == {
+        "eagle3-k5-oracle", "eagle3-k5-online", "ngram-k5-specdecode-adaptive"}
+    assert set(h.index[~h["established"]]) == {"eagle3-k5-combine", "eagle3-k3-dynamic-sd"}
+    assert h.loc["eagle3-k5-combine", "ratio_lo"] < 1 < h.loc["eagle3-k5-combine", "ratio_hi"]
+    s = same.set_index("arm")
+    assert s.loc["eagle3-k5-combine", "established"] and s.loc["eagle3-k5-combine", "ratio_lo"] > 1
+    for arm in ("eagle3-k5-online", "ngram-k5-specdecode-adaptive"):
+        assert s.loc[arm, "established"] and s.loc[arm, "ratio_hi"] < 1
+    assert not s.loc[["eagle3-k5-oracle", "eagle3-k3-dynamic-sd"], "established"].any()
+    return h
+
+
 def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     """README and FINDINGS (06) say of the H100 headline's GSM8K bs 1 block (start 0 and start 1's repeat 0 on the
     eighteenth session's H100, start 1's repeat 1 on the nineteenth's), from notebook 06's committed tables: the A/A
@@ -423,18 +444,7 @@ def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     assert len(aa) == 1 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
     all_aa = _h100_headline_table("aa")  # with CNN/DailyMail's (0.13%) and ShareGPT's (0.055%) at bs 1, the finest
     assert aa["mde"].iloc[0] in all_aa["mde"].nsmallest(3).values and aa["mde"].iloc[0] < 0.005
-    h = head.set_index("arm")
-    assert len(h) == 5 and (h["best_fixed"] == "eagle3-k3-fixed-eagle3-k3").all() and h["aa_ok"].all()
-    assert not (h["established"] & (h["ratio_lo"] > 1)).any()
-    assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == {
-        "eagle3-k5-oracle", "eagle3-k5-online", "ngram-k5-specdecode-adaptive"}
-    assert set(h.index[~h["established"]]) == {"eagle3-k5-combine", "eagle3-k3-dynamic-sd"}
-    assert h.loc["eagle3-k5-combine", "ratio_lo"] < 1 < h.loc["eagle3-k5-combine", "ratio_hi"]
-    s = same.set_index("arm")
-    assert s.loc["eagle3-k5-combine", "established"] and s.loc["eagle3-k5-combine", "ratio_lo"] > 1
-    for arm in ("eagle3-k5-online", "ngram-k5-specdecode-adaptive"):
-        assert s.loc[arm, "established"] and s.loc[arm, "ratio_hi"] < 1
-    assert not s.loc[["eagle3-k5-oracle", "eagle3-k3-dynamic-sd"], "established"].any()
+    h = _assert_bs1_verdicts_as_on_gsm8k(head, same)
     # ADAPTIVE is established behind its own engine's fixed n-gram k = 5 in this block, CNN/DailyMail bs 1's and
     # ShareGPT bs 1's only
     every = _h100_headline_table("same_engine")
@@ -501,18 +511,7 @@ def test_the_h100_headline_sharegpt_bs1_verdicts_are_the_ones_the_readme_states(
     assert len(blocks) == 1 and blocks["complete"].all()
     assert len(aa) == 1 and aa["contains_1"].all() and (aa["n_prompts"] >= 32).all() and (aa["n_starts"] == 2).all()
     assert aa["mde"].iloc[0] == _h100_headline_table("aa")["mde"].min() and aa["mde"].iloc[0] < 0.001
-    h = head.set_index("arm")
-    assert len(h) == 5 and (h["best_fixed"] == "eagle3-k3-fixed-eagle3-k3").all() and h["aa_ok"].all()
-    assert not (h["established"] & (h["ratio_lo"] > 1)).any()
-    assert set(h.index[h["established"] & (h["ratio_hi"] < 1)]) == {
-        "eagle3-k5-oracle", "eagle3-k5-online", "ngram-k5-specdecode-adaptive"}
-    assert set(h.index[~h["established"]]) == {"eagle3-k5-combine", "eagle3-k3-dynamic-sd"}
-    assert h.loc["eagle3-k5-combine", "ratio_lo"] < 1 < h.loc["eagle3-k5-combine", "ratio_hi"]
-    s = same.set_index("arm")
-    assert s.loc["eagle3-k5-combine", "established"] and s.loc["eagle3-k5-combine", "ratio_lo"] > 1
-    for arm in ("eagle3-k5-online", "ngram-k5-specdecode-adaptive"):
-        assert s.loc[arm, "established"] and s.loc[arm, "ratio_hi"] < 1
-    assert not s.loc[["eagle3-k5-oracle", "eagle3-k3-dynamic-sd"], "established"].any()
+    h = _assert_bs1_verdicts_as_on_gsm8k(head, same)
     _assert_bs1_k5_behind_k3_is_oracle_proposals_place("sharegpt", h)
     # start 1 on another machine, faster for every arm alike: block median 1.02-1.05, every arm within 1% of it
     assert starts["block_median"].between(1.02, 1.05).all()

@@ -6,20 +6,17 @@ FINDINGS used to carry the history as "(X and Y before ...)" clauses in five bul
 
 from __future__ import annotations
 
-import importlib.util
 
 import pandas as pd
 
 from sdlib.paths import REPO_ROOT
+from tests.gpu_scripts import load
 
 SWEEP = "h100_v034_headline"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("refit_history", REPO_ROOT / "gpu" / "refit_history.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("refit_history")
 
 
 def _history() -> pd.DataFrame:
