@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 INVOCATION_KEYS = ("cells_planned", "cells_already_done", "cells_done", "cells_failed", "started_at", "finished_at")
 
 
@@ -41,8 +42,9 @@ def invocation_label(sweep: str, inv: dict) -> str:
 
 def invocation_runs(folder: Path, inv: dict) -> pd.DataFrame:
     """The runs rows of the cells this invocation ran."""
-    files = sorted((folder / "runs").glob("*.parquet"))
-    runs = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    from sdlib.store import SweepStore
+
+    runs = SweepStore(folder).read("runs", current_only=False)
     if runs.empty or "finished_at" not in inv:
         return runs.iloc[0:0]
     t = pd.to_datetime(runs["started_at"])

@@ -26,7 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-REFIT = "engine refit"  # the predictor's label begins so (sdlib.analysis.powered)
+sys.path.insert(0, str(ROOT))
+from sdlib.sim.replay_costs import REFIT_COST_MODEL as REFIT  # noqa: E402  (the predictor's label begins so)
 BLOCK = ["dataset", "batch_size", "oracle"]
 
 

@@ -13,8 +13,8 @@ import sys
 import tarfile
 
 from sdlib.paths import REPO_ROOT
-from tests.gpu_scripts import load
 from sdlib.store import SweepStore
+from tests.gpu_scripts import load
 
 SWEEP = "h100_v034_headline"
 

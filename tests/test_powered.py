@@ -433,9 +433,9 @@ def _assert_bs1_verdicts_as_on_gsm8k(head: pd.DataFrame, same: pd.DataFrame) -> 
 def test_the_h100_headline_gsm8k_bs1_verdicts_are_the_ones_the_readme_states():
     """README and FINDINGS (06) say of the H100 headline's GSM8K bs 1 block (start 0 and start 1's repeat 0 on the
     eighteenth session's H100, start 1's repeat 1 on the nineteenth's), from notebook 06's committed tables: the A/A
-    interval contains 1 and the block detects the smallest difference of all; the best fixed arm is EAGLE-3 k = 3;
-    Oracle Proposal, the online policy and ADAPTIVE are established behind it, Oracle Combine and Dynamic SD neither
-    way; on their own engines Oracle Combine is established ahead of fixed k = 5, the online policy and ADAPTIVE
+    interval contains 1 and the block detects one of the three smallest differences; the best fixed arm is EAGLE-3
+    k = 3; Oracle Proposal, the online policy and ADAPTIVE are established behind it, Oracle Combine and Dynamic SD
+    neither way; on their own engines Oracle Combine is established ahead of fixed k = 5, the online policy and ADAPTIVE
     behind theirs, Oracle Proposal and Dynamic SD neither way; paired, fixed k = 5 is established behind k = 3 (the
     K = 5 engine's cost, Oracle Proposal's place); start 1 ran faster than start 0, every arm alike."""
     head, aa, same, blocks, starts = (_h100_headline_table(n, "gsm8k").query("batch_size == 1")

@@ -34,6 +34,8 @@ from sdlib.sim.replay import replay_steps
 
 #: trace policies the simulator can predict (calibration policies are engine checks, not predictions)
 TRACE_POLICIES = ("fixed", "oracle", "combine")
+#: The ``cost_model`` of the refit's rows; the powered tables' ``predictor`` begins with it (gpu/refit_history.py)
+REFIT_COST_MODEL = "engine refit"
 
 
 def trace_policy(replay, method: str, K: int):
@@ -158,6 +160,6 @@ def refit_speedups(preps: dict[str, PreparedTraces], info: pd.DataFrame, fits: d
                 t_b = base_fit.time(B * (P[req] + c), B)
                 base_t = np.bincount(req, weights=t_b, minlength=len(prep)) + base_fit.time(0, B * P)
                 rows.append({"dataset": ds, "method_label": m.method_label, "batch_size": int(B),
-                             "cost_model": "engine refit", "variant": "as the engine runs",
+                             "cost_model": REFIT_COST_MODEL, "variant": "as the engine runs",
                              "speedup_sim": float((B * L / sd_t).mean() / (B * L / base_t).mean())})
     return pd.DataFrame(rows)
