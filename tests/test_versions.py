@@ -62,3 +62,21 @@ def test_a_sweep_against_itself_holds_wherever_it_is_established():
     assert len(t) and (t["speedup_old"] == t["speedup_new"]).all()
     assert (t["finding"] == [v.HOLDS if x != v.UNSURE else v.UNSURE for x in t["verdict_old"]]).all()
     assert set(t["version_old"]) == {v.vllm_version(d)} and v.vllm_version(d) != "?"
+
+
+def test_graph_modes_pair_a_powered_sweep_with_itself_as_versions_do():
+    """powered_graph_modes and powered_versions share powered_pair: a powered sweep against itself joins every
+    row, each side equal, a finding wherever a side is established; the sides are named by graph mode."""
+    from sdlib.analysis.replay import graph_mode
+    from sdlib.paths import REPO_ROOT
+    from sdlib.store import SweepStore
+
+    d = REPO_ROOT / "data" / "sweeps" / "embedded_powered"
+    g = v.powered_graph_modes(d, d, n_boot=200)
+    w = v.powered_versions(d, d, n_boot=200)
+    assert len(g) and len(g) == len(w)
+    assert (g["ratio_default"] == g["ratio_full"]).all() and (g["ratio_default"].values == w["ratio_old"].values).all()
+    assert (g["finding"] == [v.HOLDS if x != v.UNSURE else v.UNSURE for x in g["verdict_default"]]).all()
+    mode = graph_mode(SweepStore(d).read_provenance())  # the CPU build runs eager: NONE
+    assert set(g["graph_mode_default"]) == set(g["graph_mode_full"]) == {mode} and mode == "NONE"
+    assert set(g["kind"]) == {"over no SD", "over best fixed"} and "none" not in set(g["arm_policy"])

@@ -12,6 +12,8 @@ interval is its own, as its notebook computes it.
   cell with its interval, as notebook 01 computes them (:func:`sdlib.analysis.intervals.sweep_intervals`).
 * :func:`powered_versions`: powered replay sweeps (:func:`sdlib.analysis.powered.powered_tables`): each arm over
   no SD and each headline comparison (policy over the best fixed k), with the sides' A/A checks.
+* :func:`powered_graph_modes`: the same comparison between one powered design's arms under vLLM's default CUDA
+  graphs and under FULL graphs (:func:`powered_pair` is what both share).
 
 Usage:
     from sdlib.analysis.versions import synthetic_versions
@@ -27,6 +29,7 @@ import pandas as pd
 
 from sdlib.analysis.powered import arm_info, powered_tables
 from sdlib.analysis.intervals import sweep_intervals
+from sdlib.analysis.replay import graph_mode
 from sdlib.core import bootstrap
 from sdlib.store import SweepStore
 
@@ -115,25 +118,50 @@ def _comparison_key(df: pd.DataFrame, policies: dict[str, str]) -> pd.DataFrame:
     return df.assign(arm_policy=df["arm"].map(policies), reference_policy=df["reference"].map(policies))
 
 
-def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+def powered_pair(a_dir: str | Path, b_dir: str | Path, sides: tuple[str, str] = ("old", "new"),
+                 n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """Per (dataset, batch size, arm policy, reference policy) both powered sweeps compared: every arm over no
     SD and every headline comparison (over the best fixed k), each side's ratio with its interval, its A/A check
     (``aa_ok``) and drift (``aa_drift``: its verdict needs the interval to clear 1 by more), its verdict and whether
-    the finding holds. A side whose A/A check fails has its verdict set to ``not established`` (its intervals are
-    not to be believed)."""
-    sides = []
-    for d in (old_dir, new_dir):
+    the finding holds. Columns are suffixed with ``sides`` (``a_dir``'s name first). A side whose A/A check fails
+    has its verdict set to ``not established`` (its intervals are not to be believed). No ratio between the two
+    sweeps is formed: they ran on other engines, machines or days."""
+    a, b = sides
+    frames = []
+    for d in (a_dir, b_dir):
         t = powered_tables(d, n_boot=n_boot)
         rows = pd.concat([t["speedups"].assign(kind="over no SD"), t["headline"].assign(kind="over best fixed")])
-        sides.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())))
+        frames.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())))
     keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
     extra = ["arm", "reference", "aa_ok", "aa_drift", "n_prompts", "n_starts", "n_cells"]
-    old, new = (s[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for s in sides)
-    m = old.merge(new, on=keys, suffixes=("_old", "_new"))
-    for side in ("old", "new"):
-        v = [verdict(a, b, d) for a, b, d in zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"], m[f"aa_drift_{side}"])]
+    left, right = (f[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for f in frames)
+    m = left.merge(right, on=keys, suffixes=(f"_{a}", f"_{b}"))
+    for side in sides:
+        bounds = zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"], m[f"aa_drift_{side}"])
+        v = [verdict(lo, hi, d) for lo, hi, d in bounds]
         m[f"verdict_{side}"] = np.where(m[f"aa_ok_{side}"].astype(bool), v, UNSURE)
-    m["finding"] = [compare_verdicts(a, b) for a, b in zip(m["verdict_old"], m["verdict_new"])]
+    m["finding"] = [compare_verdicts(x, y) for x, y in zip(m[f"verdict_{a}"], m[f"verdict_{b}"])]
+    return m.sort_values(keys).reset_index(drop=True)
+
+
+def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """:func:`powered_pair` of one powered design on an older and a newer vLLM (sides ``old`` and ``new``;
+    ``version_old`` and ``version_new`` name the versions)."""
+    m = powered_pair(old_dir, new_dir, ("old", "new"), n_boot=n_boot)
     m.insert(0, "version_old", vllm_version(old_dir))
     m.insert(1, "version_new", vllm_version(new_dir))
-    return m.sort_values(keys).reset_index(drop=True)
+    return m
+
+
+def powered_graph_modes(default_dir: str | Path, full_dir: str | Path,
+                        n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
+    """:func:`powered_pair` of the same arms under vLLM's default CUDA graphs and under FULL graphs (sides
+    ``default`` and ``full``; ``graph_mode_default`` and ``graph_mode_full`` are each sweep's mode from its config,
+    :func:`sdlib.analysis.replay.graph_mode`, and ``version`` its vLLM). Only what both sweeps ran is joined: the
+    rows over no SD of the arms both have, and a headline comparison only where both sweeps' best fixed arm is
+    the same policy."""
+    m = powered_pair(default_dir, full_dir, ("default", "full"), n_boot=n_boot)
+    for i, (side, d) in enumerate((("default", default_dir), ("full", full_dir))):
+        m.insert(i, f"graph_mode_{side}", graph_mode(SweepStore(d).read_provenance()))
+    m.insert(2, "version", "/".join(dict.fromkeys([vllm_version(default_dir), vllm_version(full_dir)])))
+    return m

@@ -18,6 +18,7 @@ import pandas as pd
 from matplotlib.patches import Patch, Rectangle
 
 from sdlib.analysis.powered import VERDICTS
+from sdlib.analysis.replay import DEFAULT_GRAPH_MODE, graph_mode
 from sdlib.plots.bounds import REFERENCE_STACK, plot_bounds_stack
 from sdlib.plots.style import interval_bars, log_axis_plain, new_figure
 from sdlib.store.provenance import recorded_engine
@@ -144,8 +145,10 @@ def plot_speedup_vs_batch(sp: pd.DataFrame, labels: Sequence[str], title: str,
 
 def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str:
     """``<what>\\n<sweep>: <model> (<weights>), acceptance replayed from <traces>; <device>, vLLM <v>``, from
-    the sweep's provenance (what produced the data, for every figure of notebook 06); ``acceptance`` replaces
-    the acceptance clause where a sweep's methods fix acceptance themselves (calibration, controls)."""
+    the sweep's provenance (what produced the data, for every figure of notebook 06), with ``, CUDA graphs <mode>``
+    where a GPU sweep's config sets a mode other than vLLM's default (:func:`sdlib.analysis.replay.graph_mode`);
+    ``acceptance`` replaces the acceptance clause where a sweep's methods fix acceptance themselves (calibration,
+    controls)."""
     prov = store.read_provenance()
     cfg = prov.get("config", {})
     cards = {k: v for inv in prov.get("invocations", []) for k, v in inv.get("models", {}).items()}
@@ -160,6 +163,9 @@ def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str
     device, ver = recorded_engine(prov, "device"), recorded_engine(prov, "vllm_version")
     acc = acceptance or f"acceptance replayed from {' and '.join(srcs)}"
     line = f"{prov.get('sweep', store.dir.name)}: {', '.join(models)}; {acc}; {device.replace('CPU: ', 'CPU ')}, vLLM {ver}"
+    mode = graph_mode(prov)
+    if mode != DEFAULT_GRAPH_MODE and not device.startswith("CPU"):  # the CPU build runs eager: no graphs to name
+        line += f", CUDA graphs {mode}"
     return f"{what}\n{line}" if what else line
 
 
