@@ -9,7 +9,8 @@ paste beside what only they know (``producer``, ``what``, ``budget_left_s``, ``n
 - ``device``, ``device_uuid``, ``commit``: the invocation's engines and commit;
 - ``invocation``: its cells planned / already done / done / failed, started and finished at;
 - ``replay``: how many of its cells have a replay file and how many of those are exact;
-- ``engine_start_s``: each engine's start, by method, in run order;
+- ``engine_start_s``: each engine's start, by method, in run order (a method's second start in the invocation
+  as ``<method> #2``);
 - ``gpu_state``: the ranges of the runs tables' GPU columns over its cells, and within each engine start the
   median (and range by arm) of repeat 1's decode rate over repeat 0's.
 
@@ -89,10 +90,22 @@ def draft(folder: Path, index: int = -1) -> dict:
         "commit": inv.get("git_commit"),
         "invocation": {label: {k: inv.get(k) for k in INVOCATION_KEYS}},
         "replay": {"cells": len(runs), "replay_files": len(replays), "exact": exact},
-        "engine_start_s": {label: {e["method"]: round(e["engine_start_s"], 1) for e in engines
-                                   if e.get("engine_start_s") is not None}},
+        "engine_start_s": {label: engine_starts(engines)},
         "gpu_state": gpu_state(runs) if len(runs) else {"cells": 0},
     }
+
+
+def engine_starts(engines: list[dict]) -> dict[str, float]:
+    """Each engine's start in seconds, in run order, keyed by method; a method's later starts in the same
+    invocation (an A-B-B-A run of both engine starts) as ``<method> #2``, ``#3``, so that none overwrites another."""
+    out: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for e in engines:
+        if e.get("engine_start_s") is None:
+            continue
+        n = seen[e["method"]] = seen.get(e["method"], 0) + 1
+        out[e["method"] if n == 1 else f"{e['method']} #{n}"] = round(e["engine_start_s"], 1)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,3 +46,13 @@ def test_a_cut_invocation_has_no_cells_and_a_bad_index_is_one_line(capsys):
     assert mod.draft(SWEEP, cut)["gpu_state"] == {"cells": 0}
     with pytest.raises(SystemExit, match="invocation"):
         mod.main([str(SWEEP), "--invocation", "99"])
+
+
+def test_an_invocation_that_runs_both_engine_starts_keeps_every_start_in_run_order():
+    """The twenty-fourth session ran both starts of every engine in one invocation (A-B-B-A): six starts of three
+    methods, none of them overwritten by the method's second start."""
+    prov = json.loads((REPO_ROOT / "data" / "sweeps" / "h100_v034_headline_ngram_full" / "provenance.json").read_text())
+    engines = prov["invocations"][0]["engines"]
+    starts = load("record").engine_starts(engines)
+    assert list(starts) == ["none", "ngram-k3", "ngram-k5", "ngram-k5 #2", "ngram-k3 #2", "none #2"]
+    assert list(starts.values()) == [round(e["engine_start_s"], 1) for e in engines]
