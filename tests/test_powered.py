@@ -646,3 +646,26 @@ def test_each_policy_is_divided_by_the_fixed_arm_of_its_own_engine():
         assert r.ratio == pytest.approx(m["rate_a"].sum() / m["rate_b"].sum(), rel=1e-9)
         assert r.ratio_lo <= r.ratio <= r.ratio_hi
     assert P.powered_tables("data/sweeps/h200_powered_ngram", n_boot=50)["same_engine"].empty
+
+
+def test_the_full_graph_ngram_arms_keep_the_default_graphs_verdicts_as_findings_says():
+    """FINDINGS (06) and README say of h100_v034_headline_ngram_full (InstructCoder bs 32 and 128, FULL graphs):
+    both A/A intervals contain 1; every n-gram arm's verdict over no SD is the default-graph headline's or, where
+    one side is not established, nothing changes direction; at bs 32 all three arms are ahead of no SD in both
+    modes, at bs 128 only fixed k = 3 and only under FULL; no ratio between the n-gram arms is established."""
+    fig = REPO_ROOT / "figures"
+    sweep = "h100_v034_headline_ngram_full"
+    aa = pd.read_csv(fig / f"06_trace_replay__powered_aa__sweep={sweep}.csv")
+    assert aa["contains_1"].all() and aa["batch_size"].tolist() == [32, 128]
+    assert aa["n_prompts"].tolist() == [64, 256] and (aa["n_starts"] == 2).all()
+    gm = pd.read_csv(fig / f"06_trace_replay__powered_graph_modes__pair=h100_v034_headline__vs__{sweep}.csv")
+    assert set(gm["kind"]) == {"over no SD"} and set(gm["graph_mode_full"]) == {"FULL"}
+    assert set(gm["graph_mode_default"]) == {"FULL_AND_PIECEWISE"} and "changed" not in set(gm["finding"])
+    bs32, bs128 = gm[gm["batch_size"] == 32], gm[gm["batch_size"] == 128]
+    assert len(bs32) == len(bs128) == 3 and (bs32["finding"] == "holds").all()
+    ahead = bs128.set_index("arm_policy")[["verdict_default", "verdict_full"]]
+    assert ahead.loc["fixed-ngram-k3"].tolist() == ["not established", "faster"]
+    assert (ahead.drop("fixed-ngram-k3") == "not established").all().all()
+    for name in ("fixed", "headline", "same_engine"):
+        t = pd.read_csv(fig / f"06_trace_replay__powered_{name}__sweep={sweep}.csv")
+        assert len(t) == 2 and not t["established"].any(), name
