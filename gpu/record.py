@@ -59,7 +59,8 @@ def _span(s: pd.Series, digits: int = 0) -> list:
 
 
 def gpu_state(runs: pd.DataFrame) -> dict:
-    """Ranges of the GPU columns over the cells, and repeat 1 over repeat 0 within each engine start."""
+    """Ranges of the GPU columns over the cells, and repeat 1 over repeat 0 within each cell's block and engine start
+    (``by_arm``: the range over arms, blocks and starts)."""
     out = {"cells": len(runs)}
     for col, key in (("gpu_sm_mhz_start", "sm_mhz_start"), ("gpu_sm_mhz_end", "sm_mhz_end"),
                      ("gpu_mem_mhz_end", "mem_mhz_end"), ("gpu_temp_c_end", "temp_c_end"),
@@ -68,7 +69,8 @@ def gpu_state(runs: pd.DataFrame) -> dict:
             out[key] = _span(runs[col])
     if "gpu_clock_events_end" in runs:
         out["clock_events_end"] = sorted(runs["gpu_clock_events_end"].dropna().unique().tolist())
-    rates = runs.pivot_table(index=["engine_start", "method_label"], columns="repeat", values="tok_per_s")
+    keys = [k for k in ("model", "dataset", "batch_size", "engine_start", "method_label") if k in runs]
+    rates = runs.pivot_table(index=keys, columns="repeat", values="tok_per_s")
     if {0, 1} <= set(rates.columns):
         r = (rates[1] / rates[0]).dropna()
         out["repeat1_over_repeat0"] = {"median": round(float(r.median()), 3), "by_arm": _span(r, 3)}
@@ -97,14 +99,16 @@ def draft(folder: Path, index: int = -1) -> dict:
 
 def engine_starts(engines: list[dict]) -> dict[str, float]:
     """Each engine's start in seconds, in run order, keyed by method; a method's later starts in the same
-    invocation (an A-B-B-A run of both engine starts) as ``<method> #2``, ``#3``, so that none overwrites another."""
+    invocation (an A-B-B-A run of both engine starts) as ``<method> #2``, ``#3``, so that none overwrites another.
+    ``#2`` is the method's second engine in the invocation, not necessarily engine start 1 of the sweep."""
     out: dict[str, float] = {}
     seen: dict[str, int] = {}
     for e in engines:
         if e.get("engine_start_s") is None:
             continue
-        n = seen[e["method"]] = seen.get(e["method"], 0) + 1
-        out[e["method"] if n == 1 else f"{e['method']} #{n}"] = round(e["engine_start_s"], 1)
+        method = e.get("method", "?")
+        n = seen[method] = seen.get(method, 0) + 1
+        out[method if n == 1 else f"{method} #{n}"] = round(e["engine_start_s"], 1)
     return out
 
 

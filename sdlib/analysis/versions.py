@@ -125,17 +125,22 @@ def powered_pair(a_dir: str | Path, b_dir: str | Path, sides: tuple[str, str] = 
     (``aa_ok``) and drift (``aa_drift``: its verdict needs the interval to clear 1 by more), its verdict and whether
     the finding holds. Columns are suffixed with ``sides`` (``a_dir``'s name first). A side whose A/A check fails
     has its verdict set to ``not established`` (its intervals are not to be believed). No ratio between the two
-    sweeps is formed: they ran on other engines, machines or days."""
+    sweeps is formed: they ran at other engine starts, on other machines or days. A sweep with no complete block
+    yet gives no rows (an empty frame); a folder that is not there is an error. A key that names two arms of one
+    sweep (one policy on two engines) is an error rather than a silent cross join."""
     a, b = sides
+    keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
+    extra = ["arm", "reference", "aa_ok", "aa_drift", "n_prompts", "n_starts", "n_cells"]
     frames = []
     for d in (a_dir, b_dir):
         t = powered_tables(d, n_boot=n_boot)
+        if t["units"].empty:  # no block has every arm at every engine start and repeat yet
+            return pd.DataFrame(columns=keys + [f"{c}_{s}" for s in sides for c in ["ratio", "ratio_lo", "ratio_hi",
+                                                                                     *extra, "verdict"]] + ["finding"])
         rows = pd.concat([t["speedups"].assign(kind="over no SD"), t["headline"].assign(kind="over best fixed")])
-        frames.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())))
-    keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
-    extra = ["arm", "reference", "aa_ok", "aa_drift", "n_prompts", "n_starts", "n_cells"]
+        frames.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())).dropna(subset=keys))
     left, right = (f[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for f in frames)
-    m = left.merge(right, on=keys, suffixes=(f"_{a}", f"_{b}"))
+    m = left.merge(right, on=keys, suffixes=(f"_{a}", f"_{b}"), validate="one_to_one")
     for side in sides:
         bounds = zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"], m[f"aa_drift_{side}"])
         v = [verdict(lo, hi, d) for lo, hi, d in bounds]
@@ -156,12 +161,14 @@ def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = boo
 def powered_graph_modes(default_dir: str | Path, full_dir: str | Path,
                         n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """:func:`powered_pair` of the same arms under vLLM's default CUDA graphs and under FULL graphs (sides
-    ``default`` and ``full``; ``graph_mode_default`` and ``graph_mode_full`` are each sweep's mode from its config,
-    :func:`sdlib.analysis.replay.graph_mode`, and ``version`` its vLLM). Only what both sweeps ran is joined: the
-    rows over no SD of the arms both have, and a headline comparison only where both sweeps' best fixed arm is
-    the same policy."""
+    ``default`` and ``full``; ``graph_mode_<side>`` is each sweep's mode as its config asks for it,
+    :func:`sdlib.analysis.replay.graph_mode`, not what vLLM's engine logs say it captured, and ``version_<side>``
+    its vLLM). Only what both sweeps ran is joined: the rows over no SD of the arms both have, and a headline
+    comparison only where both sweeps' best fixed arm is the same policy."""
     m = powered_pair(default_dir, full_dir, ("default", "full"), n_boot=n_boot)
-    for i, (side, d) in enumerate((("default", default_dir), ("full", full_dir))):
+    i = 0
+    for side, d in (("default", default_dir), ("full", full_dir)):
         m.insert(i, f"graph_mode_{side}", graph_mode(SweepStore(d).read_provenance()))
-    m.insert(2, "version", "/".join(dict.fromkeys([vllm_version(default_dir), vllm_version(full_dir)])))
+        m.insert(i + 1, f"version_{side}", vllm_version(d))
+        i += 2
     return m

@@ -164,7 +164,7 @@ def replay_title(store, what: str = "", acceptance: Optional[str] = None) -> str
     acc = acceptance or f"acceptance replayed from {' and '.join(srcs)}"
     line = f"{prov.get('sweep', store.dir.name)}: {', '.join(models)}; {acc}; {device.replace('CPU: ', 'CPU ')}, vLLM {ver}"
     mode = graph_mode(prov)
-    if mode != DEFAULT_GRAPH_MODE and not device.startswith("CPU"):  # the CPU build runs eager: no graphs to name
+    if mode != DEFAULT_GRAPH_MODE and device and not device.startswith("CPU"):  # CPU: eager, no graphs to name
         line += f", CUDA graphs {mode}"
     return f"{what}\n{line}" if what else line
 
