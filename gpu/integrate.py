@@ -16,8 +16,9 @@ all is well, copies each sweep into ``data/sweeps/<name>/`` (its runtime files l
   than its other invocations finished, the trailing ones ran cells and were cut before writing their engines (as
   three committed invocations were): they are kept, with a note.
 
-Prints, per sweep, the cells before and after, the new cells and the replay files checked. ``--dry-run`` checks and
-prints without copying. Stdlib only, Python 3.11.4 or later (tarfile's ``data`` filter):
+Prints, per sweep, the cells before and after, the new cells and the replay files checked, and a note where the
+session ran under another config than the committed sweep records (the top-level keys that differ). ``--dry-run``
+checks and prints without copying. Stdlib only, Python 3.11.4 or later (tarfile's ``data`` filter):
 ``python3 gpu/integrate.py /work/.device/7``.
 """
 
@@ -94,6 +95,13 @@ def empty_tail(invocations: list[dict]) -> int:
     return n
 
 
+def config_changes(committed: dict, session: dict | None) -> list[str]:
+    """The top-level keys of a sweep's recorded config (provenance ``config``) whose values differ between the
+    committed sweep and the session's copy, sorted; [] where they agree."""
+    session = session or {}
+    return sorted(k for k in set(committed) | set(session) if committed.get(k) != session.get(k))
+
+
 def check(sweep: Path, have: Path, drop_empty: bool) -> tuple[list[str], list[str], dict | None]:
     """(problems, report lines, the provenance to write when its empty tail is dropped, else None)."""
     problems, lines, new_prov = [], [], None
@@ -107,7 +115,11 @@ def check(sweep: Path, have: Path, drop_empty: bool) -> tuple[list[str], list[st
                         f"e.g. {changed[0]}")
     prov_path, had_path = sweep / "provenance.json", have / "provenance.json"
     prov = json.loads(prov_path.read_text()) if prov_path.is_file() else None
-    had = json.loads(had_path.read_text()).get("invocations", []) if had_path.is_file() else []
+    had_prov = json.loads(had_path.read_text()) if had_path.is_file() else {}
+    had = had_prov.get("invocations", [])
+    if prov and "config" in had_prov and (moved := config_changes(had_prov["config"], prov.get("config"))):
+        lines.append(f"  note: the session ran under another config than the committed one ({', '.join(moved)} "
+                     "differ): the sweep's tables keep only the cells of the config it records now")
     invs = prov.get("invocations", []) if prov else []
     if prov is None:
         problems.append(f"{sweep.name}: no provenance.json")

@@ -133,3 +133,18 @@ def test_a_carried_back_file_with_other_contents_copies_nothing(tmp_path, capsys
     (res / "steps" / "a.parquet").write_bytes(b"sa")
     assert mod.main([str(res.parent), "--into", str(into)]) == 0
     assert not (into / "sw" / "steps" / ".b.parquet.tmp").exists() and (into / "sw" / "steps" / "b.parquet").exists()
+
+
+def test_a_session_under_another_config_is_copied_with_a_note_naming_what_differs(tmp_path, capsys):
+    mod = _module()
+    into = tmp_path / "sweeps"
+    have = _sweep(into, "sw", ["m.0__a"])
+    prov = json.loads((have / "provenance.json").read_text())
+    (have / "provenance.json").write_text(json.dumps(dict(prov, config={"name": "sw", "batch_sizes": [1]})))
+    res = _sweep(tmp_path / "res", "sw", ["m.0__a", "m.0__b"],
+                 invocations=prov["invocations"] + [{"engines": [{"method": "none"}], "cells_done": 1}])
+    prov2 = json.loads((res / "provenance.json").read_text())
+    (res / "provenance.json").write_text(json.dumps(dict(prov2, config={"name": "sw", "batch_sizes": [1, 32]})))
+    assert mod.main([str(res.parent), "--into", str(into)]) == 0
+    assert "another config than the committed one (batch_sizes differ)" in capsys.readouterr().out
+    assert mod.config_changes({"a": 1}, {"a": 1}) == [] and mod.config_changes({"a": 1}, None) == ["a"]
