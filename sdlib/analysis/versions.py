@@ -131,15 +131,16 @@ def powered_pair(a_dir: str | Path, b_dir: str | Path, sides: tuple[str, str] = 
     a, b = sides
     keys = ["dataset", "batch_size", "kind", "arm_policy", "reference_policy"]
     extra = ["arm", "reference", "aa_ok", "aa_drift", "n_prompts", "n_starts", "n_cells"]
+    cols = keys + ["ratio", "ratio_lo", "ratio_hi"] + extra
     frames = []
     for d in (a_dir, b_dir):
         t = powered_tables(d, n_boot=n_boot)
-        if t["units"].empty:  # no block has every arm at every engine start and repeat yet
-            return pd.DataFrame(columns=keys + [f"{c}_{s}" for s in sides for c in ["ratio", "ratio_lo", "ratio_hi",
-                                                                                     *extra, "verdict"]] + ["finding"])
+        if t["units"].empty:  # no block has every arm at every engine start and repeat yet: no rows
+            frames.append(pd.DataFrame(columns=cols))
+            continue
         rows = pd.concat([t["speedups"].assign(kind="over no SD"), t["headline"].assign(kind="over best fixed")])
         frames.append(_comparison_key(rows, arm_policies(SweepStore(d).read_provenance())).dropna(subset=keys))
-    left, right = (f[keys + ["ratio", "ratio_lo", "ratio_hi"] + extra] for f in frames)
+    left, right = (f[cols] for f in frames)
     m = left.merge(right, on=keys, suffixes=(f"_{a}", f"_{b}"), validate="one_to_one")
     for side in sides:
         bounds = zip(m[f"ratio_lo_{side}"], m[f"ratio_hi_{side}"], m[f"aa_drift_{side}"])
@@ -149,13 +150,18 @@ def powered_pair(a_dir: str | Path, b_dir: str | Path, sides: tuple[str, str] = 
     return m.sort_values(keys).reset_index(drop=True)
 
 
+def _in_front(m: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """``m`` with a constant column per entry of ``columns`` inserted before its own, in order."""
+    for i, (name, value) in enumerate(columns.items()):
+        m.insert(i, name, value)
+    return m
+
+
 def powered_versions(old_dir: str | Path, new_dir: str | Path, n_boot: int = bootstrap.N_BOOT) -> pd.DataFrame:
     """:func:`powered_pair` of one powered design on an older and a newer vLLM (sides ``old`` and ``new``;
     ``version_old`` and ``version_new`` name the versions)."""
     m = powered_pair(old_dir, new_dir, ("old", "new"), n_boot=n_boot)
-    m.insert(0, "version_old", vllm_version(old_dir))
-    m.insert(1, "version_new", vllm_version(new_dir))
-    return m
+    return _in_front(m, {"version_old": vllm_version(old_dir), "version_new": vllm_version(new_dir)})
 
 
 def powered_graph_modes(default_dir: str | Path, full_dir: str | Path,
@@ -166,9 +172,8 @@ def powered_graph_modes(default_dir: str | Path, full_dir: str | Path,
     its vLLM). Only what both sweeps ran is joined: the rows over no SD of the arms both have, and a headline
     comparison only where both sweeps' best fixed arm is the same policy."""
     m = powered_pair(default_dir, full_dir, ("default", "full"), n_boot=n_boot)
-    i = 0
+    front = {}
     for side, d in (("default", default_dir), ("full", full_dir)):
-        m.insert(i, f"graph_mode_{side}", graph_mode(SweepStore(d).read_provenance()))
-        m.insert(i + 1, f"version_{side}", vllm_version(d))
-        i += 2
-    return m
+        front[f"graph_mode_{side}"] = graph_mode(SweepStore(d).read_provenance())
+        front[f"version_{side}"] = vllm_version(d)
+    return _in_front(m, front)
