@@ -56,3 +56,21 @@ def test_an_invocation_that_runs_both_engine_starts_keeps_every_start_in_run_ord
     starts = load("record").engine_starts(engines)
     assert list(starts) == ["none", "ngram-k3", "ngram-k5", "ngram-k5 #2", "ngram-k3 #2", "none #2"]
     assert list(starts.values()) == [round(e["engine_start_s"], 1) for e in engines]
+
+
+def test_the_twenty_fifth_sessions_record_is_the_draft_of_its_invocation():
+    """data/gpu/h100_v034_2026-12-08.json (six FULL-graph blocks in one invocation) says what record.py drafts from
+    the sweep: device, invocation, engine starts in run order, replay counts and every GPU-state range."""
+    sweep = REPO_ROOT / "data" / "sweeps" / "h100_v034_headline_ngram_full"
+    rec = json.loads((REPO_ROOT / "data" / "gpu" / "h100_v034_2026-12-08.json").read_text())
+    d = load("record").draft(sweep, 1)
+    assert d["device"] == [rec["device"]] and d["device_uuid"] == [rec["device_uuid"]] and d["commit"] == rec["commit"]
+    (label, inv), = d["invocation"].items()
+    assert inv == {k: v for k, v in rec["invocation"][label].items() if k != "job_s"}
+    assert list(d["engine_start_s"][label].items()) == list(rec["engine_start_s"][label].items())
+    assert d["replay"] == {"cells": 120, "replay_files": 96, "exact": 96} and "the 96 replay/*.json" in rec["replay"]
+    assert d["gpu_state"] == rec["gpu_state_ranges"]
+    g = d["gpu_state"]
+    for text in (f"{g['temp_c_end'][0]}-{g['temp_c_end'][1]} C", f"{g['power_w_end'][0]}-{g['power_w_end'][1]} W",
+                 f"{g['slowdown_ms'][0]}-", f"-{g['slowdown_ms'][1]} ms", f"a median {g['repeat1_over_repeat0']['median']:.3f}"):
+        assert text in rec["gpu_state"], text
