@@ -11,8 +11,9 @@ paste beside what only they know (``producer``, ``what``, ``budget_left_s``, ``n
 - ``replay``: how many of its cells have a replay file and how many of those are exact;
 - ``engine_start_s``: each engine's start, by method, in run order (a method's second start in the invocation
   as ``<method> #2``);
-- ``gpu_state``: the ranges of the runs tables' GPU columns over its cells, and within each engine start the
-  median (and range by arm) of repeat 1's decode rate over repeat 0's.
+- ``gpu_state``: the ranges of the runs tables' GPU columns over its cells (a column no cell knows, such as the
+  power limit and the per-reason clock-event counters in sweeps written before they were recorded, is left out),
+  and within each engine start the median (and range by arm) of repeat 1's decode rate over repeat 0's.
 
 The invocation's cells are the runs rows whose ``started_at`` lies between its start and finish (its commit too).
 
@@ -59,12 +60,16 @@ def _span(s: pd.Series, digits: int = 0) -> list:
 
 
 def gpu_state(runs: pd.DataFrame) -> dict:
-    """Ranges of the GPU columns over the cells, and repeat 1 over repeat 0 within each cell's block and engine start
-    (``by_arm``: the range over arms, blocks and starts)."""
+    """Ranges of the GPU columns over the cells (each under the column's name without ``gpu_``; only the columns some
+    cell knows), and repeat 1 over repeat 0 within each cell's block and engine start (``by_arm``: the range over
+    arms, blocks and starts)."""
+    from sdlib.store.gpu_state import HELD_KEYS
+
     out = {"cells": len(runs)}
     for col, key in (("gpu_sm_mhz_start", "sm_mhz_start"), ("gpu_sm_mhz_end", "sm_mhz_end"),
                      ("gpu_mem_mhz_end", "mem_mhz_end"), ("gpu_temp_c_end", "temp_c_end"),
-                     ("gpu_power_w_end", "power_w_end"), ("gpu_slowdown_ms", "slowdown_ms")):
+                     ("gpu_power_w_end", "power_w_end"), ("gpu_power_limit_w_end", "power_limit_w_end"),
+                     ("gpu_slowdown_ms", "slowdown_ms"), *((f"gpu_{k}", k) for k in HELD_KEYS)):
         if col in runs and runs[col].notna().any():
             out[key] = _span(runs[col])
     if "gpu_clock_events_end" in runs:

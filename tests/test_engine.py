@@ -21,8 +21,9 @@ pytestmark = pytest.mark.engine
 
 K = 3
 #: What the stand-in nvidia-smi prints for the GPU-state query (n = the how-many-th call): SM clock, memory clock,
-#: temperature, power, clock-event reasons (SW power cap); for the clock-event counters query (m = the how-many-th
-#: such call), a header with the unit and SW power cap's counter at 1500 us a call.
+#: temperature, power draw, power limit, clock-event reasons (SW power cap); for the clock-event counters query
+#: (m = the how-many-th such call), a header with the unit, SW power cap's counter at 1500 us a call and HW
+#: thermal's at 500 us.
 FAKE_SMI = """#!/bin/sh
 case "$*" in
   *clocks_event_reasons_counters.sw_power_cap*)
@@ -30,14 +31,14 @@ case "$*" in
     m=$(wc -l < "{log}.counters")
     echo "clocks_event_reasons_counters.sw_power_cap [us], clocks_event_reasons_counters.sw_thermal_slowdown [us], \
 clocks_event_reasons_counters.hw_thermal_slowdown [us], clocks_event_reasons_counters.hw_power_brake_slowdown [us]"
-    echo "$((1500 * m)), 0, 0, 0"
+    echo "$((1500 * m)), 0, $((500 * m)), 0"
     exit 0 ;;
   *clocks.sm*) ;;
   *) exit 9 ;;
 esac
 echo "$*" >> "{log}"
 n=$(wc -l < "{log}")
-echo "$((1000 + n)), 2619, 41, 117.30, 0x0000000000000004"
+echo "$((1000 + n)), 2619, 41, 117.30, 700.00, 0x0000000000000004"
 """
 
 
@@ -136,14 +137,18 @@ def test_each_cell_records_the_gpu_state_before_and_after_its_requests(sweep_res
     """Without nvidia-smi (the first invocation's n-gram cells, on a machine without one) the ``gpu_*`` columns
     are unknown; with it (the stand-in of the second invocation) each cell records one sample before its
     requests and one after (the stand-in's SM clock counts its calls up: end = start + 1 within a cell), and the
-    clock-event counters' growth between them (the stand-in's grows 1500 us a call: 1.5 ms a cell)."""
+    clock-event counters' growth between them, reason by reason and summed (the stand-in's grow 1500 us and 500 us
+    a call: 1.5 ms of SW power cap and 0.5 ms of HW thermal a cell, 2 ms in all)."""
     _, store, _ = sweep_result
     runs = store.read("runs").set_index("method_label")
-    gpu = ["gpu_sm_mhz_start", "gpu_sm_mhz_end", "gpu_mem_mhz_end", "gpu_temp_c_end", "gpu_power_w_end"]
+    gpu = ["gpu_sm_mhz_start", "gpu_sm_mhz_end", "gpu_mem_mhz_end", "gpu_temp_c_end", "gpu_power_w_end",
+           "gpu_power_limit_w_end"]
+    held = ["gpu_held_sw_power_cap_ms", "gpu_held_sw_thermal_ms", "gpu_held_hw_thermal_ms",
+            "gpu_held_hw_power_brake_ms"]
     if shutil.which("nvidia-smi") is None:  # a real one would answer for the first invocation's cells
         ngram = runs.loc["ngram-k3"]
         assert len(ngram) == 2 and ngram[gpu].isna().all().all() and ngram["gpu_clock_events_end"].isna().all()
-        assert ngram["gpu_slowdown_ms"].isna().all()
+        assert ngram["gpu_slowdown_ms"].isna().all() and ngram[held].isna().all().all()
     selfd = runs.loc["self-draft"]
     assert len(selfd) == 2
     assert (selfd["gpu_sm_mhz_end"] == selfd["gpu_sm_mhz_start"] + 1).all(), selfd[gpu]
@@ -151,4 +156,6 @@ def test_each_cell_records_the_gpu_state_before_and_after_its_requests(sweep_res
     assert (selfd["gpu_mem_mhz_end"] == 2619).all() and (selfd["gpu_temp_c_end"] == 41).all()
     assert selfd["gpu_power_w_end"].tolist() == pytest.approx([117.3, 117.3])
     assert (selfd["gpu_clock_events_end"] == "0x0000000000000004").all()
-    assert selfd["gpu_slowdown_ms"].tolist() == pytest.approx([1.5, 1.5])
+    assert (selfd["gpu_power_limit_w_end"] == 700).all()
+    assert selfd["gpu_slowdown_ms"].tolist() == pytest.approx([2.0, 2.0])
+    assert selfd[held].values.ravel().tolist() == pytest.approx([1.5, 0.0, 0.5, 0.0] * 2)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from sdlib.paths import REPO_ROOT
+from sdlib.store.gpu_state import HELD_KEYS
 from tests.gpu_scripts import load
 
 SWEEP = REPO_ROOT / "data" / "sweeps" / "h100_v034_headline"
@@ -37,6 +39,43 @@ def test_the_draft_of_an_invocation_is_what_its_record_says(index, record):
                  f"({r['by_arm'][0]:.3f} to {r['by_arm'][1]:.3f} by arm)", "gpu_slowdown_ms 0"):
         assert text in rec["gpu_state"], text
     assert g["clock_events_end"] == ["0x0000000000000000"] and g["slowdown_ms"] == [0, 0]
+    # recorded later: all null in these cells (the committed files lack them), so left out, not ranges of NaN
+    assert not {"power_limit_w_end", *HELD_KEYS} & set(g)
+
+
+def _runs(**gpu) -> pd.DataFrame:
+    """Four cells of two arms, repeats 0 and 1, with the GPU columns ``gpu`` (lists of four)."""
+    base = {"model": ["m"] * 4, "dataset": ["d"] * 4, "batch_size": [1] * 4, "engine_start": [0] * 4,
+            "method_label": ["a", "a", "b", "b"], "repeat": [0, 1, 0, 1], "tok_per_s": [100.0, 101.0, 50.0, 49.0],
+            "gpu_clock_events_end": ["0x0", "0x4", "0x0", "0x4"]}
+    return pd.DataFrame({**base, **gpu})
+
+
+def test_the_ranges_of_the_power_limit_and_each_reasons_held_down_time():
+    nan = float("nan")
+    g = load("record").gpu_state(_runs(
+        gpu_slowdown_ms=[0.0, 1200.4, 10.0, 5.0], gpu_power_limit_w_end=[700.0, 700.0, 650.2, nan],
+        gpu_held_sw_power_cap_ms=[0.0, 1200.4, 10.0, 5.0], gpu_held_sw_thermal_ms=[0.0, 0.0, 0.0, 0.0],
+        gpu_held_hw_thermal_ms=[nan, nan, nan, nan], gpu_held_hw_power_brake_ms=[nan, 0.0, nan, 0.0]))
+    assert g["cells"] == 4 and g["slowdown_ms"] == [0, 1200]
+    assert g["power_limit_w_end"] == [650, 700]  # an unknown cell left out of the range
+    assert g["held_sw_power_cap_ms"] == [0, 1200] and g["held_sw_thermal_ms"] == [0, 0]
+    assert g["held_hw_power_brake_ms"] == [0, 0] and "held_hw_thermal_ms" not in g  # no cell knows it
+    keys = list(g)
+    assert keys.index("power_limit_w_end") < keys.index("slowdown_ms") < keys.index("held_sw_power_cap_ms")
+    assert g["clock_events_end"] == ["0x0", "0x4"] and g["repeat1_over_repeat0"]["median"] == pytest.approx(0.995)
+
+
+def test_a_sweep_written_before_the_new_columns_drafts_as_before():
+    """A runs table without the columns at all (as a caller may pass one not read through the store), or with
+    them all null (as the store reads an old file): the same draft, without their keys."""
+    mod = load("record")
+    nan = float("nan")
+    old = _runs(gpu_slowdown_ms=[0.0, 0.0, 3.0, 0.0], gpu_power_w_end=[400.0, 420.0, 410.0, 430.6])
+    nulls = old.assign(gpu_power_limit_w_end=nan, **{f"gpu_{k}": nan for k in HELD_KEYS})
+    assert mod.gpu_state(old) == mod.gpu_state(nulls)
+    assert mod.gpu_state(old)["power_w_end"] == [400, 431] and mod.gpu_state(old)["slowdown_ms"] == [0, 3]
+    assert not {"power_limit_w_end", *HELD_KEYS} & set(mod.gpu_state(nulls))
 
 
 def test_a_cut_invocation_has_no_cells_and_a_bad_index_is_one_line(capsys):

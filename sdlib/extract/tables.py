@@ -12,14 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 from typing import Any, Optional
 
 import pandas as pd
 
 from sdlib.extract.acceptance import AlignmentError, steps_from_gains
 from sdlib.extract.ngram import NGRAM_MAX, NGRAM_MIN, ngram_trace
-from sdlib.store.gpu_state import SLOWDOWN_KEY
+from sdlib.store.gpu_state import HELD_KEYS, SLOWDOWN_KEY, counter_growth
 from sdlib.store.provenance import git_commit
 from sdlib.store.schema import columns, conform
 
@@ -162,8 +161,10 @@ def build_tables(cell, result, counters: dict[str, Any], sweep: str, started_at:
 
 
 def gpu_columns(start: Optional[dict[str, Any]], end: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """The ``runs`` row's ``gpu_*`` columns from two :func:`sdlib.store.gpu_state.gpu_state` samples (NaN / None
-    for a sample not taken or a value not known)."""
+    """The ``runs`` row's ``gpu_*`` columns from two :func:`sdlib.store.gpu_state.sample` readings (NaN / None
+    for a sample not taken or a value not known): the state at either end, and the clock-event counters' growth
+    between them, summed (``gpu_slowdown_ms``) and reason by reason (``gpu_<key>`` for each key of
+    :data:`sdlib.store.gpu_state.HELD_KEYS`: ``gpu_held_sw_power_cap_ms``, ...)."""
     start, end = start or {}, end or {}
 
     def num(d: dict[str, Any], key: str) -> float:
@@ -178,17 +179,16 @@ def gpu_columns(start: Optional[dict[str, Any]], end: Optional[dict[str, Any]]) 
         "gpu_power_w_end": num(end, "power_w"),
         "gpu_clock_events_end": end.get("clock_events") or None,
         "gpu_slowdown_ms": _held_down_ms(start, end),
+        **{f"gpu_{key}": _held_down_ms(start, end, key) for key in HELD_KEYS},
+        "gpu_power_limit_w_end": num(end, "power_limit_w"),
     }
 
 
-def _held_down_ms(start: dict[str, Any], end: dict[str, Any]) -> float:
+def _held_down_ms(start: dict[str, Any], end: dict[str, Any], key: str = SLOWDOWN_KEY) -> float:
     """The clock-event counters' growth between the two samples (:func:`sdlib.store.gpu_state.sample`'s
-    ``slowdown_ms``); NaN when either is unknown or the counters went back (a driver
-    reload)."""
-    a, b = start.get(SLOWDOWN_KEY), end.get(SLOWDOWN_KEY)
-    if a is None or b is None or math.isnan(a) or math.isnan(b) or b < a:
-        return float("nan")
-    return float(b - a)
+    ``slowdown_ms``, their sum, or one reason's counter, ``key``); NaN when either is unknown or the counter went
+    back (a driver reload): :func:`sdlib.store.gpu_state.counter_growth`."""
+    return counter_growth(start, end, key)
 
 
 def concurrency(steps) -> tuple[float, Optional[int]]:

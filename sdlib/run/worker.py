@@ -188,7 +188,8 @@ def run_group(spec: dict[str, Any]) -> int:
                           lambda p: vc.delta_sampling_params(cell.warmup_tokens, wl.temperature, wl.seed, wl.ignore_eos),
                           id_prefix=f"warm-{cell.run_id}-")
             # the card's clocks, temperature, power, throttle reasons and clock-event counters: sampled outside the
-            # timed requests (the counters' growth between the two samples is the window's, runs.gpu_slowdown_ms)
+            # timed requests (the counters' growth between the two samples is the window's, runs.gpu_slowdown_ms
+            # and, reason by reason, runs.gpu_held_*_ms)
             gpu_start = gpu_sample(gpu_card)
             started_at = utc_now()
             if timers is not None:

@@ -68,6 +68,21 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
          "SW and HW thermal, HW power brake) summed, differenced (sdlib.store.gpu_state.slowdown_ms); a moment when "
          "two reasons held counts for each, so it can exceed the window; NaN without nvidia-smi, on drivers without "
          "the counters, and in cells written before it was recorded"),
+        ("gpu_held_sw_power_cap_ms", "float64", "ms the GPU's clocks were held down by the SW power cap (the power "
+         "draw held under the power limit) between the two samples: nvidia-smi "
+         "clocks_event_reasons_counters.sw_power_cap, differenced (sdlib.store.gpu_state.counters_ms; one of the four "
+         "gpu_slowdown_ms sums); NaN without nvidia-smi, on drivers without the counters, when the counter went back "
+         "(a driver reload), and in cells written before it was recorded"),
+        ("gpu_held_sw_thermal_ms", "float64", "ms the GPU's clocks were held down by the SW thermal slowdown between "
+         "the two samples: nvidia-smi clocks_event_reasons_counters.sw_thermal_slowdown, differenced (same)"),
+        ("gpu_held_hw_thermal_ms", "float64", "ms the GPU's clocks were held down by the HW thermal slowdown between "
+         "the two samples: nvidia-smi clocks_event_reasons_counters.hw_thermal_slowdown, differenced (same)"),
+        ("gpu_held_hw_power_brake_ms", "float64", "ms the GPU's clocks were held down by the HW power brake (an "
+         "external power-brake signal) between the two samples: nvidia-smi "
+         "clocks_event_reasons_counters.hw_power_brake_slowdown, differenced (same)"),
+        ("gpu_power_limit_w_end", "float64", "GPU power limit the driver enforced just after the measured requests, "
+         "W (nvidia-smi power.limit, sdlib.store.gpu_state; NaN without nvidia-smi, where the card reports [N/A], "
+         "and in cells written before it was recorded)"),
     ],
     "requests": [
         ("run_id", "string", "cell id (runs.run_id)"),
@@ -216,7 +231,9 @@ TABLES.update({
 ADDED_COLUMNS: dict[str, dict[str, object]] = {
     "runs": {"concurrency_mean": None, "concurrency_max": None, "engine_start": 0, "git_commit": None,
              "gpu_sm_mhz_start": None, "gpu_sm_mhz_end": None, "gpu_mem_mhz_end": None, "gpu_temp_c_end": None,
-             "gpu_power_w_end": None, "gpu_clock_events_end": None, "gpu_slowdown_ms": None},
+             "gpu_power_w_end": None, "gpu_clock_events_end": None, "gpu_slowdown_ms": None,
+             "gpu_held_sw_power_cap_ms": None, "gpu_held_sw_thermal_ms": None, "gpu_held_hw_thermal_ms": None,
+             "gpu_held_hw_power_brake_ms": None, "gpu_power_limit_w_end": None},
 }
 
 
