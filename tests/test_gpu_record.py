@@ -103,7 +103,8 @@ def test_the_twenty_fifth_sessions_record_is_the_draft_of_its_invocation():
     sweep = REPO_ROOT / "data" / "sweeps" / "h100_v034_headline_ngram_full"
     rec = json.loads((REPO_ROOT / "data" / "gpu" / "h100_v034_2026-12-08.json").read_text())
     d = load("record").draft(sweep, 1)
-    assert d["device"] == [rec["device"]] and d["device_uuid"] == [rec["device_uuid"]] and d["commit"] == rec["commit"]
+    assert d["device"] == [rec["device"]] and d["device_uuid"] == [rec["device_uuid"]]
+    assert d["commit"] == rec["commit"]
     (label, inv), = d["invocation"].items()
     assert inv == {k: v for k, v in rec["invocation"][label].items() if k != "job_s"}
     assert list(d["engine_start_s"][label].items()) == list(rec["engine_start_s"][label].items())
@@ -111,5 +112,6 @@ def test_the_twenty_fifth_sessions_record_is_the_draft_of_its_invocation():
     assert d["gpu_state"] == rec["gpu_state_ranges"]
     g = d["gpu_state"]
     for text in (f"{g['temp_c_end'][0]}-{g['temp_c_end'][1]} C", f"{g['power_w_end'][0]}-{g['power_w_end'][1]} W",
-                 f"{g['slowdown_ms'][0]}-", f"-{g['slowdown_ms'][1]} ms", f"a median {g['repeat1_over_repeat0']['median']:.3f}"):
+                 f"{g['slowdown_ms'][0]}-", f"-{g['slowdown_ms'][1]} ms",
+                 f"a median {g['repeat1_over_repeat0']['median']:.3f}"):
         assert text in rec["gpu_state"], text

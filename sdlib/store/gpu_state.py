@@ -38,7 +38,7 @@ import subprocess
 from typing import Any, Optional
 
 #: ``nvidia-smi --query-gpu`` fields, in the order of :data:`KEYS`; the reasons field comes last. ``power.limit`` is
-#: the limit the driver enforces now (``power.draw`` is held under it by the SW power cap reason).
+#: the software power limit; the limit enforced, the lowest of all limiters, is ``enforced.power.limit`` (not read).
 FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "power.limit")
 #: Keys of :func:`gpu_state`'s numbers (MHz, MHz, degrees C, W, W), one per field of :data:`FIELDS`.
 KEYS = ("sm_mhz", "mem_mhz", "temp_c", "power_w", "power_limit_w")

@@ -70,8 +70,9 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
          "the counters, and in cells written before it was recorded"),
         ("gpu_held_sw_power_cap_ms", "float64", "ms the GPU's clocks were held down by the SW power cap (the power "
          "draw held under the power limit) between the two samples: nvidia-smi "
-         "clocks_event_reasons_counters.sw_power_cap, differenced (sdlib.store.gpu_state.counters_ms; one of the four "
-         "gpu_slowdown_ms sums); NaN without nvidia-smi, on drivers without the counters, when the counter went back "
+         "clocks_event_reasons_counters.sw_power_cap, differenced (sdlib.store.gpu_state.counters_ms; one of the "
+         "four counters gpu_slowdown_ms sums); NaN without nvidia-smi, on drivers without the counters, when the "
+         "counter went back "
          "(a driver reload), and in cells written before it was recorded"),
         ("gpu_held_sw_thermal_ms", "float64", "ms the GPU's clocks were held down by the SW thermal slowdown between "
          "the two samples: nvidia-smi clocks_event_reasons_counters.sw_thermal_slowdown, differenced (same)"),
@@ -80,8 +81,9 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("gpu_held_hw_power_brake_ms", "float64", "ms the GPU's clocks were held down by the HW power brake (an "
          "external power-brake signal) between the two samples: nvidia-smi "
          "clocks_event_reasons_counters.hw_power_brake_slowdown, differenced (same)"),
-        ("gpu_power_limit_w_end", "float64", "GPU power limit the driver enforced just after the measured requests, "
-         "W (nvidia-smi power.limit, sdlib.store.gpu_state; NaN without nvidia-smi, where the card reports [N/A], "
+        ("gpu_power_limit_w_end", "float64", "GPU software power limit just after the measured requests, "
+         "W (nvidia-smi power.limit; the limit enforced, the lowest of all limiters, is enforced.power.limit, not "
+         "recorded; sdlib.store.gpu_state; NaN without nvidia-smi, where the card reports [N/A], "
          "and in cells written before it was recorded)"),
     ],
     "requests": [
